@@ -1,0 +1,111 @@
+"""Connections to Redis, FalkorDB and Postgres, opened once and shared by every service."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import asyncpg
+import redis.asyncio as aioredis
+from falkordb.asyncio import FalkorDB
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
+
+from memento_sessions.errors import BackendUnavailable, ConfigError
+from memento_sessions.logs import get_logger
+from memento_sessions.settings import Settings
+
+log = get_logger(__name__)
+
+# Errors that mean "a backend did not answer": retried where safe, else reported as -32050.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    RedisConnectionError, RedisTimeoutError, OSError, asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+)
+
+
+def backend_of(exc: BaseException) -> str:
+    """Which backend an unavailability error came from, for the error metric."""
+    return "postgres" if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError) else "redis"
+
+
+def redis_client(url: str) -> aioredis.Redis:
+    """A redis-py asyncio client that retries transient errors with jittered backoff."""
+    if url.startswith("redis+cluster://"):
+        raise ConfigError("invalid MEMENTO_REDIS_URL: redis+cluster:// is not supported yet")
+    retry = Retry(ExponentialWithJitterBackoff(base=0.02, cap=1.0), retries=3)
+    return aioredis.Redis.from_url(
+        url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0, retry=retry,
+        retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
+        max_connections=512,
+    )
+
+
+class Postgres:
+    """An asyncpg pool opened on first use, so the daemon starts while Postgres is down."""
+
+    def __init__(self, dsn: str | None) -> None:
+        self.dsn = dsn
+        self._pool: asyncpg.Pool | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.dsn is not None
+
+    async def pool(self) -> asyncpg.Pool:
+        """The pool; raises BackendUnavailable when Postgres is off or does not answer."""
+        if self.dsn is None:
+            raise BackendUnavailable("postgres is off (MEMENTO_POSTGRES_DSN=off)")
+        if self._pool is None:
+            try:
+                self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8, timeout=2.0,
+                                                       command_timeout=10.0)
+            except (OSError, asyncpg.PostgresError) as exc:
+                raise BackendUnavailable(f"postgres: {exc}") from exc
+        return self._pool
+
+    async def ping(self) -> None:
+        """One round trip; raises on failure."""
+        pool = await self.pool()
+        await pool.fetchval("SELECT 1", timeout=1.0)
+
+    async def close(self) -> None:
+        """Close the pool; safe to call twice."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+
+@dataclass
+class Backends:
+    """The daemon's three backends."""
+
+    redis: aioredis.Redis
+    falkordb: FalkorDB
+    postgres: Postgres
+    graph_prefix: str
+
+    def graph_name(self, namespace: str) -> str:
+        """The KG graph of a namespace: `<graph>` for default, else `<graph>_<ns>`."""
+        return self.graph_prefix if namespace == "default" else f"{self.graph_prefix}_{namespace}"
+
+
+@asynccontextmanager
+async def open_backends(settings: Settings, redis_url: str, postgres_dsn: str | None) -> AsyncIterator[Backends]:
+    """Open the clients (lazily connected) and close them on exit."""
+    falkor_url = settings.falkordb_url or redis_url
+    backends = Backends(
+        redis=redis_client(redis_url),
+        falkordb=FalkorDB.from_url(falkor_url, socket_timeout=5.0, socket_connect_timeout=2.0),
+        postgres=Postgres(postgres_dsn),
+        graph_prefix=settings.kg_graph,
+    )
+    try:
+        yield backends
+    finally:
+        await backends.postgres.close()
+        await backends.redis.aclose()
+        await backends.falkordb.connection.aclose()

@@ -1,0 +1,178 @@
+"""`memento-sessions serve`: embedded servers, backends, services and the HTTP port in one task group."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, nullcontext
+from typing import Any
+
+import anyio
+import uvicorn
+from anyio.abc import TaskGroup, TaskStatus
+
+from memento_sessions.app import build_app
+from memento_sessions.backends import open_backends
+from memento_sessions.embedded.datadir import DataDirLock, auth_secret
+from memento_sessions.embedded.postgres import EmbeddedPostgres
+from memento_sessions.embedded.process import ChildServer
+from memento_sessions.embedded.redis import EmbeddedRedis
+from memento_sessions.endpoints import Endpoints, postgres_dsn, remove_runtime, write_runtime
+from memento_sessions.gateway import Gateway
+from memento_sessions.health import Health, probe_forever
+from memento_sessions.logs import get_logger
+from memento_sessions.services import Services, open_services
+from memento_sessions.settings import Settings
+
+log = get_logger(__name__)
+MAX_FRAME = 1024 * 1024
+SHUTDOWN_GRACE = 2.0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handlers: the daemon's task group owns SIGTERM."""
+
+    @contextmanager
+    def capture_signals(self) -> Any:
+        yield
+
+
+def embedded_servers(settings: Settings) -> list[ChildServer]:
+    """The servers this daemon must run itself: those whose URL was not given."""
+    servers: list[ChildServer] = []
+    if settings.redis_url is None:
+        servers.append(EmbeddedRedis(settings.data_dir.resolve() / "redis", settings.embedded_redis_port))
+    if settings.postgres_dsn is None:
+        servers.append(EmbeddedPostgres(settings.data_dir.resolve() / "postgres", settings.embedded_postgres_port))
+    return servers
+
+
+def endpoints_of(settings: Settings, servers: list[ChildServer]) -> Endpoints:
+    urls = {server.name: server.url for server in servers}
+    redis_url = settings.redis_url or urls["redis"]
+    return Endpoints(redis_url, postgres_dsn(settings, urls.get("postgres")))
+
+
+async def start_all(servers: list[ChildServer]) -> None:
+    """Start the embedded servers side by side (each blocks until it answers)."""
+    async with anyio.create_task_group() as tg:
+        for server in servers:
+            tg.start_soon(_start_in_thread, server)
+
+
+async def _start_in_thread(server: ChildServer) -> None:
+    await anyio.to_thread.run_sync(server.start)
+
+
+def stop_all(servers: list[ChildServer]) -> None:
+    for server in servers:
+        server.stop()
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """Bind the daemon's port ourselves so port 0 yields a known port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class Daemon:
+    """One daemon: run it with `await daemon.run()`, stop it with `daemon.stop()`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.servers = embedded_servers(settings)
+        self.health = Health(["redis", "falkordb"] + (["postgres"] if settings.postgres_enabled else []))
+        self.port = 0
+        self.services: Services | None = None
+        self.gateway: Gateway | None = None
+        self._server: _Server | None = None
+        self._stopping = anyio.Event()
+
+    async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until stop() or a signal; `task_status` gets the bound port."""
+        lock = DataDirLock(self.settings.data_dir) if self.servers else nullcontext()
+        with lock:
+            try:
+                await start_all(self.servers)
+                await self._serve(endpoints_of(self.settings, self.servers), task_status)
+            finally:
+                await anyio.to_thread.run_sync(stop_all, self.servers)
+                if self.servers:
+                    remove_runtime(self.settings)
+        log.info("daemon stopped")
+
+    async def _serve(self, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
+        secret = self.settings.auth_secret or auth_secret(self.settings.data_dir)
+        async with AsyncExitStack() as stack:
+            backends = await stack.enter_async_context(open_backends(self.settings, endpoints.redis_url,
+                                                                     endpoints.postgres_dsn))
+            self.services = await stack.enter_async_context(open_services(self.settings, backends))
+            tg = await stack.enter_async_context(anyio.create_task_group())
+            self.gateway = Gateway(self.services.registry, secret, self.settings.ws_send_buffer)
+            for server in self.servers:
+                tg.start_soon(server.supervise, self.health.set)
+            tg.start_soon(probe_forever, backends, self.health)
+            tg.start_soon(self._watch_signals)
+            await self._run_http(tg, endpoints, task_status)
+            tg.cancel_scope.cancel()
+
+    async def _run_http(self, tg: TaskGroup, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
+        assert self.gateway is not None and self.services is not None
+        sock = listen(self.settings.host, self.settings.port)
+        self.port = sock.getsockname()[1]
+        app = build_app(self.gateway, self.health, self.services.mcp_app)
+        config = uvicorn.Config(
+            app, lifespan="off", log_config=None, ws="websockets-sansio", ws_max_size=MAX_FRAME,
+            ws_ping_interval=20.0, ws_ping_timeout=20.0, ws_per_message_deflate=False,
+            timeout_graceful_shutdown=3, access_log=False, http="h11",
+        )
+        self._server = _Server(config)
+        if self.servers:
+            write_runtime(self.settings, endpoints, self.port)
+        tg.start_soon(self._started, task_status)
+        log.info("listening", host=self.settings.host, port=self.port)
+        await self._server.serve(sockets=[sock])
+
+    async def _started(self, task_status: TaskStatus[int]) -> None:
+        while self._server is not None and not self._server.started:  # noqa: ASYNC110 - uvicorn has no event
+            await anyio.sleep(0.01)
+        task_status.started(self.port)
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("signal received; shutting down", signal=signal.Signals(signum).name)
+                await self.stop()
+                return
+
+    async def stop(self) -> None:
+        """Graceful stop: close WebSockets with 1001, flush checkpoints, stop the HTTP server."""
+        if self._stopping.is_set():
+            return
+        self._stopping.set()
+        if self.gateway is not None:
+            self.gateway.shutdown()
+            with anyio.move_on_after(SHUTDOWN_GRACE):
+                await self.gateway.closed_all.wait()
+        if self.services is not None:
+            await self.services.drain()
+        if self._server is not None:
+            self._server.should_exit = True
+
+
+@asynccontextmanager
+async def running(settings: Settings) -> AsyncIterator[Daemon]:
+    """Run a daemon in the background of the caller's task group (tests, bench)."""
+    daemon = Daemon(settings)
+    async with anyio.create_task_group() as tg:
+        await tg.start(daemon.run)
+        try:
+            yield daemon
+        finally:
+            await daemon.stop()

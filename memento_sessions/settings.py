@@ -1,0 +1,74 @@
+"""The one settings object, read from MEMENTO_* variables (and .env) once at start."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from memento_sessions.errors import ConfigError
+
+
+class Settings(BaseSettings):
+    """Configuration of one daemon; see the README's configuration table."""
+
+    model_config = SettingsConfigDict(env_prefix="MEMENTO_", env_file=".env", frozen=True, extra="ignore")
+
+    redis_url: str | None = None
+    falkordb_url: str | None = None
+    kg_graph: str = Field(default="memento", pattern=r"^[A-Za-z0-9_]{1,64}$")
+    postgres_dsn: str | None = None
+    auth_secret: str | None = Field(default=None, min_length=32)
+    session_ttl: int = Field(default=3600, ge=60, le=86400)
+    checkpoint_every: int = Field(default=10, ge=1, le=100_000)
+    checkpoint_grace_ttl: int = Field(default=300, ge=1, le=86400)
+    anchor_cap: int = Field(default=5, ge=1, le=1000)
+    anchor_max_age_days: int = Field(default=7, ge=1, le=3650)
+    snapshot_max_age_days: int = Field(default=30, ge=1, le=3650)
+    log_format: Literal["console", "json"] | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    host: str = "127.0.0.1"
+    port: int = Field(default=8765, ge=0, le=65535)
+    data_dir: Path = Path(".memento")
+    embedded_redis_port: int = Field(default=0, ge=0, le=65535)
+    embedded_postgres_port: int = Field(default=0, ge=0, le=65535)
+    token: str | None = None
+    ws_send_buffer: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
+
+    @field_validator("redis_url", "falkordb_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        schemes = ("redis://", "rediss://", "redis+cluster://", "unix://")
+        if value is not None and not value.startswith(schemes):
+            raise ValueError(f"must start with one of {', '.join(schemes)}")
+        return value
+
+    @field_validator("postgres_dsn")
+    @classmethod
+    def _postgres_scheme(cls, value: str | None) -> str | None:
+        if value is not None and value != "off" and not value.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL or 'off'")
+        return value
+
+    @property
+    def postgres_enabled(self) -> bool:
+        """False when MEMENTO_POSTGRES_DSN is 'off'."""
+        return self.postgres_dsn != "off"
+
+    @property
+    def embedded(self) -> bool:
+        """True when this daemon starts its own Redis (and FalkorDB)."""
+        return self.redis_url is None
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the settings, turning a bad value into one ConfigError line naming the variable."""
+    try:
+        return Settings(**overrides)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        name = "MEMENTO_" + str(first["loc"][0]).upper() if first["loc"] else "MEMENTO_*"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"invalid {name}: {message}") from exc

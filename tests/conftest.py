@@ -1,0 +1,102 @@
+"""Real backends for the whole test session: the embedded redis-server (with FalkorDB) and Postgres.
+
+Set MEMENTO_TEST_REDIS_URL / MEMENTO_TEST_POSTGRES_DSN to use servers of your own instead; with a
+reachable Docker engine and testcontainers installed, MEMENTO_TEST_DOCKER=1 starts containers.
+Each test is isolated by its own namespace, never by FLUSHALL.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from memento_sessions.auth import issue_token
+from memento_sessions.daemon import Daemon, running
+from memento_sessions.embedded.postgres import EmbeddedPostgres
+from memento_sessions.embedded.redis import EmbeddedRedis
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.logs import configure_logging
+from memento_sessions.settings import Settings, load_settings
+
+SECRET = "test-secret-that-is-long-enough-0123456789"
+configure_logging("console", "warning")
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
+    """Redis+FalkorDB and Postgres for every test of the session."""
+    redis_url = os.environ.get("MEMENTO_TEST_REDIS_URL")
+    postgres_dsn = os.environ.get("MEMENTO_TEST_POSTGRES_DSN")
+    if os.environ.get("MEMENTO_TEST_DOCKER") == "1" and not (redis_url and postgres_dsn):
+        yield from _containers()
+        return
+    base = tmp_path_factory.mktemp("backends")
+    started = []
+    if not redis_url:
+        redis = EmbeddedRedis(base / "redis")
+        redis.start()
+        started.append(redis)
+        redis_url = redis.url
+    if not postgres_dsn:
+        postgres = EmbeddedPostgres(base / "postgres")
+        postgres.start()
+        started.append(postgres)
+        postgres_dsn = postgres.url
+    try:
+        yield Endpoints(redis_url, postgres_dsn)
+    finally:
+        for server in started:
+            server.stop()
+
+
+def _containers() -> Iterator[Endpoints]:  # pragma: no cover - needs a Docker engine
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.postgres import PostgresContainer
+
+    with DockerContainer("falkordb/falkordb:latest").with_exposed_ports(6379) as falkor, \
+            PostgresContainer("postgres:16") as pg:
+        host, port = falkor.get_container_host_ip(), falkor.get_exposed_port(6379)
+        yield Endpoints(f"redis://{host}:{port}/0", pg.get_connection_url(driver=None))
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace of this test's own."""
+    return "t" + uuid.uuid4().hex[:12]
+
+
+def make_settings(urls: Endpoints, data_dir: Path, **overrides: object) -> Settings:
+    """Settings for an in-process daemon on the session's backends."""
+    values: dict[str, object] = {
+        "redis_url": urls.redis_url, "postgres_dsn": urls.postgres_dsn, "auth_secret": SECRET,
+        "port": 0, "data_dir": data_dir, "log_format": "console", "log_level": "warning",
+    }
+    values.update(overrides)
+    return load_settings(**values)
+
+
+@pytest.fixture
+def settings(backend_urls: Endpoints, tmp_path: Path) -> Settings:
+    return make_settings(backend_urls, tmp_path)
+
+
+@pytest.fixture
+async def daemon(settings: Settings) -> AsyncIterator[Daemon]:
+    """A daemon serving on a free port for the length of one test."""
+    async with running(settings) as d:
+        yield d
+
+
+def token(agent: str, namespace: str = "default", scope: str = "sessions:read sessions:write",
+          ttl: int = 3600) -> str:
+    """A valid token signed with the tests' secret."""
+    return issue_token(SECRET, agent, namespace, scope, ttl)

@@ -1,0 +1,106 @@
+"""The daemon's port: health, readiness, metrics, the WebSocket handshake and JSON-RPC framing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import httpx2
+import jwt
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
+
+from memento_sessions.daemon import Daemon
+from memento_sessions.errors import ConfigError
+from memento_sessions.settings import load_settings
+from tests.conftest import SECRET, token
+from tests.rpcsocket import rpc
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_healthz_readyz_and_metrics(daemon: Daemon) -> None:
+    async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{daemon.port}") as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        ready = await _wait_ready(http)
+        assert ready == {"ready": True, "backends": {"redis": "up", "falkordb": "up", "postgres": "up"}}
+        metrics = (await http.get("/metrics")).text
+    assert 'memento_build_info{version="' in metrics
+    assert "process_resident_memory_bytes" in metrics
+
+
+async def _wait_ready(http: httpx2.AsyncClient) -> object:
+    import anyio
+
+    with anyio.fail_after(5):
+        while (response := await http.get("/readyz")).status_code != 200:
+            await anyio.sleep(0.05)
+    return response.json()
+
+
+@pytest.mark.parametrize("bad", ["missing", "expired", "forged", "garbage"])
+async def test_websocket_without_valid_token_is_refused_with_401(daemon: Daemon, bad: str) -> None:
+    tokens = {
+        "missing": None,
+        "expired": token("agent-a", ttl=-10),
+        "forged": jwt.encode({"sub": "agent-a", "ns": "default", "scope": "admin", "exp": 2**33},
+                             "not-the-secret-but-long-enough-0123456789", algorithm="HS256"),
+        "garbage": "abc.def.ghi",
+    }
+    headers = {"Authorization": f"Bearer {tokens[bad]}"} if tokens[bad] else {}
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(f"ws://127.0.0.1:{daemon.port}/ws", additional_headers=headers):
+            pass
+    assert refused.value.response.status_code == 401
+
+
+async def test_token_in_query_string_is_accepted(daemon: Daemon) -> None:
+    async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={token('agent-q')}") as ws:
+        await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "no.such"}))
+        assert json.loads(await ws.recv())["error"]["code"] == -32601
+
+
+async def test_bad_frames_get_errors_and_the_connection_stays_usable(daemon: Daemon) -> None:
+    async with rpc(daemon.port, token("agent-a")) as peer:
+        assert (await peer.send_raw("{not json"))["error"]["code"] == -32700
+        assert (await peer.send_raw("[1, 2]"))["error"]["code"] == -32600
+        assert (await peer.send_raw('{"jsonrpc": "1.0", "id": 3, "method": "x"}'))["error"]["code"] == -32600
+        assert (await peer.send_raw('{"jsonrpc": "2.0", "id": true, "method": "x"}'))["error"]["code"] == -32600
+        unknown = await peer.error("no.such.method", {})
+        assert unknown["code"] == -32601 and unknown["data"] == {"method": "no.such.method"}
+
+
+def test_bad_setting_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"^invalid MEMENTO_SESSION_TTL: .*less than or equal to 86400"):
+        load_settings(session_ttl=90000)
+    with pytest.raises(ConfigError, match=r"^invalid MEMENTO_REDIS_URL: must start with"):
+        load_settings(redis_url="http://x")
+
+
+def test_serve_with_a_bad_variable_exits_2_with_one_line(tmp_path: object) -> None:
+    env = {"MEMENTO_CHECKPOINT_EVERY": "zero", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "memento-sessions: invalid MEMENTO_CHECKPOINT_EVERY: Input should be a valid integer, "
+        "unable to parse string as an integer"
+    ]
+
+
+def test_token_command_prints_a_verifiable_token() -> None:
+    env = {"MEMENTO_AUTH_SECRET": SECRET, "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "memento_sessions.cli", "token", "--agent", "a1",
+                           "--namespace", "team", "--scope", "sessions:read", "kg:write", "--ttl", "60"],
+                          env=env, capture_output=True, text=True, timeout=60, check=True)
+    claims = jwt.decode(done.stdout.strip(), SECRET, algorithms=["HS256"])
+    assert (claims["sub"], claims["ns"], claims["scope"]) == ("a1", "team", "sessions:read kg:write")
+
+
+def test_every_command_has_help() -> None:
+    for command in ([], ["serve"], ["token"], ["check"]):
+        done = subprocess.run([sys.executable, "-m", "memento_sessions.cli", *command, "--help"],
+                              capture_output=True, text=True, timeout=60, check=True)
+        assert "usage: memento-sessions" in done.stdout
