@@ -36,6 +36,11 @@ def session_index(ns: str) -> str:
     return f"{PREFIX}:{ns}:index"
 
 
+def namespaces() -> str:
+    """SET of every namespace that has created a session (the janitor walks their indexes)."""
+    return f"{PREFIX}:_system:namespaces"
+
+
 def session_channel(ns: str, session_id: str) -> str:
     """Pub/sub channel of one session's events and checkpoints."""
     return f"{PREFIX}:{ns}:session:{session_id}"

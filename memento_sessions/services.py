@@ -10,6 +10,8 @@ from starlette.types import ASGIApp
 
 from memento_sessions.backends import Backends
 from memento_sessions.rpc import Registry
+from memento_sessions.sessions import methods as session_methods
+from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
 
 
@@ -20,6 +22,7 @@ class Services:
     settings: Settings
     backends: Backends
     registry: Registry
+    manager: SessionManager
     mcp_app: ASGIApp | None = None
 
     async def drain(self) -> None:
@@ -30,4 +33,7 @@ class Services:
 async def open_services(settings: Settings, backends: Backends) -> AsyncIterator[Services]:
     """Build the services and register their methods."""
     registry = Registry()
-    yield Services(settings, backends, registry)
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    session_methods.register(registry, manager)
+    yield Services(settings, backends, registry, manager)

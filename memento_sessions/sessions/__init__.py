@@ -1,0 +1,1 @@
+"""Live sessions: the wire models, the Redis Function library and the SessionManager."""

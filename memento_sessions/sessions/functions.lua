@@ -1,0 +1,109 @@
+#!lua name=memento_v1
+-- The Redis Functions behind every session write. Each call touches only the keys of one session
+-- (one hash tag), so it is atomic and Cluster-safe. KEYS = {session hash, events zset, agents set, ids hash}.
+-- Errors start with a word the Python side maps to a JSON-RPC error: NOTFOUND, CONFLICT, EXISTS.
+
+local function refresh(keys, ttl)
+  for i = 1, 4 do redis.call('EXPIRE', keys[i], ttl) end
+end
+
+local function live_session(keys)
+  local state, ttl = unpack(redis.call('HMGET', keys[1], 'state', 'ttl'))
+  if not state then return redis.error_reply('NOTFOUND session not found') end
+  if state == 'completed' then return redis.error_reply('CONFLICT session is completed') end
+  return {state, tonumber(ttl)}
+end
+
+-- ARGV: now_ms, ttl, agent, epoch, labels_json, announce_channel, announce_frame, parent, forked_at
+local function create(keys, args)
+  if redis.call('EXISTS', keys[1]) == 1 then return redis.error_reply('EXISTS session id is taken') end
+  local fields = {'state', 'working', 'seq', 0, 'createdAt', args[1], 'updatedAt', args[1], 'ttl', args[2],
+                  'epoch', args[4], 'labels', args[5], 'creator', args[3]}
+  if args[8] ~= '' then
+    table.insert(fields, 'parentSessionId'); table.insert(fields, args[8])
+    table.insert(fields, 'forkedAtSeq'); table.insert(fields, args[9])
+  end
+  redis.call('HSET', keys[1], unpack(fields))
+  redis.call('SADD', keys[3], args[3])
+  refresh(keys, tonumber(args[2]))
+  redis.call('PUBLISH', args[6], args[7])
+  return args[4]
+end
+
+local function emit_one(keys, sid_json, channel, id, body)
+  if id ~= '' then
+    local prior = redis.call('HGET', keys[4], id)
+    if prior then return tonumber(prior), 1 end
+  end
+  local seq = redis.call('HINCRBY', keys[1], 'seq', 1)
+  if id ~= '' then redis.call('HSET', keys[4], id, seq) end
+  local member = '{"seq":' .. seq .. ',' .. body
+  redis.call('ZADD', keys[2], seq, member)
+  redis.call('PUBLISH', channel,
+    '{"jsonrpc":"2.0","method":"session.event","params":{"seq":' .. seq .. ',"sessionId":' .. sid_json ..
+    ',"event":' .. member .. '}}')
+  return seq, 0
+end
+
+-- ARGV: now_ms, actor, channel, sid_json, then (id, new_state, body) per event; body is the event's
+-- JSON without its opening brace, so the stored member is exactly '{"seq":N,' .. body.
+local function emit(keys, args)
+  local live = live_session(keys)
+  if live.err then return live end
+  local state = nil
+  local out = {}
+  for i = 5, #args, 3 do
+    local seq, dup = emit_one(keys, args[4], args[3], args[i], args[i + 2])
+    table.insert(out, seq); table.insert(out, dup)
+    if dup == 0 and args[i + 1] ~= '' then state = args[i + 1] end
+  end
+  if state then
+    redis.call('HSET', keys[1], 'state', state, 'updatedAt', args[1])
+  else
+    redis.call('HSET', keys[1], 'updatedAt', args[1])
+  end
+  redis.call('SADD', keys[3], args[2])
+  refresh(keys, live[2])
+  return out
+end
+
+-- ARGV: now_ms, agent
+local function join(keys, args)
+  local live = live_session(keys)
+  if live.err then return live end
+  redis.call('SADD', keys[3], args[2])
+  redis.call('HSET', keys[1], 'updatedAt', args[1])
+  refresh(keys, live[2])
+  return {live[1], redis.call('HGET', keys[1], 'seq')}
+end
+
+-- ARGV: now_ms, agent
+local function leave(keys, args)
+  local live = live_session(keys)
+  if live.err then return live end
+  redis.call('SREM', keys[3], args[2])
+  redis.call('HSET', keys[1], 'updatedAt', args[1])
+  refresh(keys, live[2])
+  return live[1]
+end
+
+-- Record a checkpoint; when final, complete the session and shorten every key's TTL to the grace TTL.
+-- ARGV: now_ms, checkpoint_json, final (0/1), grace_ttl, channel, frame, announce_channel, announce_frame
+local function checkpoint(keys, args)
+  local state = redis.call('HGET', keys[1], 'state')
+  if not state then return redis.error_reply('NOTFOUND session not found') end
+  redis.call('HSET', keys[1], 'lastCheckpoint', args[2], 'updatedAt', args[1])
+  if args[3] == '1' then
+    redis.call('HSET', keys[1], 'state', 'completed')
+    refresh(keys, tonumber(args[4]))
+  end
+  redis.call('PUBLISH', args[5], args[6])
+  redis.call('PUBLISH', args[7], args[8])
+  return state
+end
+
+redis.register_function('ms_create', create)
+redis.register_function('ms_emit', emit)
+redis.register_function('ms_join', join)
+redis.register_function('ms_leave', leave)
+redis.register_function('ms_checkpoint', checkpoint)

@@ -1,0 +1,97 @@
+"""JSON-RPC methods over the SessionManager: session.* and event.*."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from memento_sessions.errors import InvalidParams
+from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.sessions.models import MAX_BATCH, ClientId, EntityId, EventIn, SessionState
+
+LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/-]{1,64}$")]
+LabelValue = Annotated[str, StringConstraints(max_length=256)]
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateParams(Params):
+    entityIds: list[EntityId] = Field(default_factory=list, max_length=256)
+    sessionId: ClientId | None = None
+    ttl: int | None = Field(default=None, ge=60, le=86400)
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, max_length=32)
+
+
+class SessionParams(Params):
+    sessionId: ClientId
+
+
+class GetParams(SessionParams):
+    condensed: bool = False
+    since: int = Field(default=0, ge=0)
+    limit: int | None = Field(default=None, ge=1, le=10_000)
+
+
+class ListParams(Params):
+    state: SessionState | None = None
+    agentId: ClientId | None = None
+    limit: int = Field(default=50, ge=1, le=500)
+
+
+class EmitParams(SessionParams):
+    event: EventIn
+
+
+class EmitBatchParams(SessionParams):
+    events: list[EventIn] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+def register(registry: Registry, manager: SessionManager) -> None:
+    """Add the session methods to the registry."""
+    ttl_cap = manager.settings.session_ttl
+
+    async def create(call: Call, p: CreateParams) -> Result:
+        if p.ttl is not None and p.ttl > ttl_cap:
+            raise InvalidParams("invalid params", [{"field": "ttl", "message": f"at most {ttl_cap} "
+                                                    "(MEMENTO_SESSION_TTL)"}])
+        return await manager.create(call.identity, entity_ids=p.entityIds, session_id=p.sessionId, ttl=p.ttl,
+                                    labels=p.labels)
+
+    async def join(call: Call, p: SessionParams) -> Result:
+        return await manager.join(call.identity, p.sessionId)
+
+    async def leave(call: Call, p: SessionParams) -> Result:
+        await manager.leave(call.identity, p.sessionId)
+        return {}
+
+    async def get(call: Call, p: GetParams) -> Result:
+        return await manager.get(call.identity.namespace, p.sessionId, condensed=p.condensed, since=p.since,
+                                 limit=p.limit)
+
+    async def list_(call: Call, p: ListParams) -> Result:
+        sessions = await manager.list_sessions(call.identity.namespace, state=p.state, agent_id=p.agentId, limit=p.limit)
+        return {"sessions": sessions}
+
+    async def emit(call: Call, p: EmitParams) -> Result:
+        done = await manager.emit(call.identity, p.sessionId, p.event)
+        return {"seq": done.seq, "duplicate": done.duplicate}
+
+    async def emit_batch(call: Call, p: EmitBatchParams) -> Result:
+        done = await manager.emit_batch(call.identity, p.sessionId, p.events)
+        result: dict[str, Any] = {"seqs": [item.seq for item in done]}
+        if any(item.duplicate for item in done):
+            result["duplicates"] = [item.seq for item in done if item.duplicate]
+        return result
+
+    write, read = "sessions:write", "sessions:read"
+    registry.add("session.create", CreateParams, create, write)
+    registry.add("session.join", SessionParams, join, write)
+    registry.add("session.leave", SessionParams, leave, write)
+    registry.add("session.get", GetParams, get, read)
+    registry.add("session.list", ListParams, list_, read)
+    registry.add("event.emit", EmitParams, emit, write)
+    registry.add("event.emitBatch", EmitBatchParams, emit_batch, write)

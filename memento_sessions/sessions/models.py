@@ -1,0 +1,95 @@
+"""The event and session shapes of SPEC section 4, with their limits.
+
+Field names are the wire's camelCase, so a model dumps to exactly what clients send and receive.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+import pydantic_core
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+ClientId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+EventType = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
+ShortText = Annotated[str, StringConstraints(max_length=256)]
+State = Literal["working", "broken"]
+SessionState = Literal["working", "broken", "coordinating", "completed"]
+
+MAX_EVENT_BYTES = 64 * 1024
+MAX_DATA_BYTES = 16 * 1024
+MAX_BATCH = 500
+KNOWN_TYPES = frozenset({"start", "modified", "broke", "test_pass", "checkpoint", "handoff"})
+
+
+class Strict(BaseModel):
+    """Unknown fields are errors, so a typo never passes silently."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ChangeInfo(Strict):
+    elementType: ShortText | None = None
+    entityIds: list[EntityId] = Field(default_factory=list, max_length=256)
+    operation: Literal["added", "modified", "deleted", "renamed", "init"] | None = None
+    affectedLines: int | None = Field(default=None, ge=0)
+    semanticHash: ShortText | None = None
+
+
+class StateTransition(Strict):
+    from_: State | None = Field(default=None, alias="from")
+    to: State
+    verifiedBy: Literal["test", "build", "manual", "agent"] | None = None
+    confidence: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class Impact(Strict):
+    severity: Literal["low", "medium", "high", "critical"] | None = None
+    testsFailed: list[EntityId] = Field(default_factory=list, max_length=256)
+    perfDelta: float | None = None
+    externalRef: ShortText | None = None
+
+
+class EventIn(Strict):
+    """An event as a client sends it."""
+
+    id: ClientId | None = None
+    type: EventType
+    timestamp: AwareDatetime | None = None
+    actor: ClientId | None = None
+    changeInfo: ChangeInfo | None = None
+    stateTransition: StateTransition | None = None
+    impact: Impact | None = None
+    data: dict[str, Any] | None = None
+
+    @field_validator("data")
+    @classmethod
+    def _data_size(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and len(pydantic_core.to_json(value)) > MAX_DATA_BYTES:
+            raise ValueError(f"data is larger than {MAX_DATA_BYTES} bytes encoded")
+        return value
+
+    def new_state(self) -> str:
+        """The session state this event sets ('' when it sets none)."""
+        if self.stateTransition is not None:
+            return self.stateTransition.to
+        return {"broke": "broken", "test_pass": "working"}.get(self.type, "")
+
+
+class SessionInfo(BaseModel):
+    """A session as clients see it."""
+
+    sessionId: str
+    state: SessionState
+    agentIds: list[str]
+    seq: int
+    epoch: str
+    createdAt: datetime
+    updatedAt: datetime
+    expiresAt: datetime
+    lastCheckpoint: dict[str, Any] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    parentSessionId: str | None = None
+    forkedAtSeq: int | None = None

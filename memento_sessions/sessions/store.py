@@ -1,0 +1,53 @@
+"""The Redis Function library: loaded at start, re-loaded if Redis lost it, errors translated once."""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from memento_sessions.errors import Conflict, NotFound, RpcError
+from memento_sessions.keys import SessionKeys
+from memento_sessions.logs import get_logger
+
+log = get_logger(__name__)
+LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()
+_ERRORS: dict[str, type[RpcError]] = {"NOTFOUND": NotFound, "CONFLICT": Conflict, "EXISTS": Conflict}
+
+
+class FunctionStore:
+    """Calls the `memento_v1` functions on one Redis, loading the library whenever it is missing."""
+
+    def __init__(self, redis: aioredis.Redis) -> None:
+        self.redis = redis
+
+    async def load(self) -> None:
+        """(Re)load the library; REPLACE makes this safe for every daemon at every start."""
+        await self.redis.function_load(LIBRARY, replace=True)
+
+    async def call(self, function: str, keys: SessionKeys, *args: str | int | float) -> Any:
+        """FCALL `function`; a function error becomes its JSON-RPC error."""
+        try:
+            return await self._fcall(function, keys, args)
+        except ResponseError as exc:
+            message = str(exc)
+            if "Function not found" not in message:
+                raise translate(message) from None
+        log.warning("redis lost the function library; reloading")
+        await self.load()
+        try:
+            return await self._fcall(function, keys, args)
+        except ResponseError as exc:
+            raise translate(str(exc)) from None
+
+    async def _fcall(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...]) -> Any:
+        return await self.redis.fcall(function, 4, *keys.all(), *args)
+
+
+def translate(message: str) -> Exception:
+    """NOTFOUND/CONFLICT/EXISTS replies become RpcErrors; anything else stays a Redis error."""
+    word, _, text = message.partition(" ")
+    error = _ERRORS.get(word)
+    return error(text) if error else ResponseError(message)
