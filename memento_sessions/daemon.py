@@ -112,7 +112,8 @@ class Daemon:
         async with AsyncExitStack() as stack:
             backends = await stack.enter_async_context(open_backends(self.settings, endpoints.redis_url,
                                                                      endpoints.postgres_dsn))
-            self.services = await stack.enter_async_context(open_services(self.settings, backends))
+            self.services = await stack.enter_async_context(open_services(self.settings, backends,
+                                                                           endpoints.redis_url))
             tg = await stack.enter_async_context(anyio.create_task_group())
             self.gateway = Gateway(self.services.registry, secret, self.settings.ws_send_buffer)
             for server in self.servers:

@@ -36,7 +36,7 @@ class Connection:
         self.identity = identity
         self._send = send
         self._limit = limit_bytes
-        self._out: deque[bytes] = deque()
+        self._out: deque[str] = deque()
         self._queued = 0
         self._wakeup = anyio.Event()
         self._drained = anyio.Event()
@@ -47,7 +47,7 @@ class Connection:
     def queued_bytes(self) -> int:
         return self._queued
 
-    def notify(self, frame: bytes) -> None:
+    def notify(self, frame: str) -> None:
         """Queue a frame; a client whose buffer would overflow is closed as a slow consumer."""
         if self.close_code is not None:
             return
@@ -92,7 +92,7 @@ class Connection:
             while self._out:
                 frame = self._out.popleft()
                 self._queued -= len(frame)
-                await self._send({"type": "websocket.send", "text": frame.decode()})
+                await self._send({"type": "websocket.send", "text": frame})
                 WS_MESSAGES_SENT.inc()
                 self._drained.set()
             if self.close_code is not None:
@@ -159,7 +159,7 @@ class Gateway:
             frame = message.get("text") or message.get("bytes") or b""
             reply = await handle_frame(self.registry, call, frame)
             if reply is not None:
-                conn.notify(reply)
+                conn.notify(reply.decode())
 
     def shutdown(self) -> None:
         """Stop accepting and close every connection with 1001 (going away)."""

@@ -56,6 +56,11 @@ def channel_pattern() -> str:
     return f"{PREFIX}:*"
 
 
+def daemon_channel(daemon_id: str) -> str:
+    """A channel only this daemon subscribes to: it keeps the pub/sub connection in subscribe mode."""
+    return f"{PREFIX}:_system:daemon:{daemon_id}"
+
+
 def checkpoint_lock(ns: str, session_id: str) -> str:
     """Lock held while one daemon checkpoints a session."""
     return f"{PREFIX}:{ns}:{{{session_id}}}:cplock"

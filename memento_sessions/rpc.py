@@ -36,8 +36,14 @@ class Peer(Protocol):
 
     conn_id: str
 
-    def notify(self, frame: bytes) -> None:
-        """Queue one notification frame for the client."""
+    def notify(self, frame: str) -> None:
+        """Queue one frame for the client; never blocks (an overflow closes the client as slow)."""
+
+    async def wait_room(self, nbytes: int) -> None:
+        """Wait until `nbytes` more fit in the client's send buffer (replays pace themselves here)."""
+
+    def on_close(self, cleanup: Callable[[], None]) -> None:
+        """Run `cleanup` when the connection ends."""
 
 
 @dataclass(frozen=True, slots=True)

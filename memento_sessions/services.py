@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import anyio
+from anyio.abc import TaskGroup
 from starlette.types import ASGIApp
 
+from memento_sessions import keys
 from memento_sessions.backends import Backends
+from memento_sessions.fanout import Fanout
+from memento_sessions.janitor import janitor
 from memento_sessions.rpc import Registry
 from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
+from memento_sessions.subscriptions import Subscriptions
 
 
 @dataclass
@@ -23,6 +30,8 @@ class Services:
     backends: Backends
     registry: Registry
     manager: SessionManager
+    fanout: Fanout
+    tasks: TaskGroup
     mcp_app: ASGIApp | None = None
 
     async def drain(self) -> None:
@@ -30,10 +39,19 @@ class Services:
 
 
 @asynccontextmanager
-async def open_services(settings: Settings, backends: Backends) -> AsyncIterator[Services]:
-    """Build the services and register their methods."""
+async def open_services(settings: Settings, backends: Backends, redis_url: str) -> AsyncIterator[Services]:
+    """Build the services, start their background tasks and register their methods."""
     registry = Registry()
     manager = SessionManager(backends.redis, settings)
     await manager.start()
-    session_methods.register(registry, manager)
-    yield Services(settings, backends, registry, manager)
+    fanout = Fanout(redis_url, keys.daemon_channel(uuid.uuid4().hex))
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(fanout.run)
+            tg.start_soon(janitor, backends.redis)
+            session_methods.register(registry, manager)
+            Subscriptions(manager, fanout).register(registry)
+            yield Services(settings, backends, registry, manager, fanout, tg)
+            tg.cancel_scope.cancel()
+    finally:
+        await fanout.aclose()

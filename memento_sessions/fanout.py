@@ -1,0 +1,158 @@
+"""One Redis pub/sub connection per daemon, shared by every local subscriber.
+
+Channels are subscribed when their first local listener arrives and dropped with the last. If Redis
+drops the connection (restart, `CLIENT KILL TYPE pubsub`), the loop reconnects with backoff,
+re-subscribes every channel and tells every listener to catch up from the ZSET by seq.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any, Protocol
+
+import anyio
+import redis.asyncio as aioredis
+from anyio.abc import TaskGroup, TaskStatus
+from redis.asyncio.client import PubSub
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import BACKEND_ERRORS
+
+log = get_logger(__name__)
+CONFIRM_TIMEOUT = 5.0
+
+
+class Listener(Protocol):
+    """Something fed with the messages of one channel."""
+
+    def on_message(self, data: str) -> None:
+        """One published frame, in publish order."""
+
+    def on_reconnect(self) -> None:
+        """Messages may have been missed: catch up from the stored history."""
+
+
+class Fanout:
+    """Routes pub/sub messages of the daemon's one connection to local listeners."""
+
+    def __init__(self, redis_url: str, control_channel: str) -> None:
+        self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_connect_timeout=2.0,
+                                             health_check_interval=10)
+        self.control = control_channel
+        self.listeners: dict[str, set[Listener]] = {}
+        self._confirmed: dict[str, anyio.Event] = {}
+        self._pubsub: PubSub | None = None
+        self._tg: TaskGroup | None = None
+        self.reconnects = 0
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep the connection up forever, reconnecting with jittered backoff."""
+        delay = 0.05
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            while True:
+                try:
+                    await self._session(task_status)
+                except (RedisConnectionError, RedisTimeoutError, OSError, RedisError) as exc:
+                    BACKEND_ERRORS.labels("redis").inc()
+                    log.warning("pub/sub connection lost; reconnecting", error=repr(exc), retry_in=round(delay, 3))
+                task_status = anyio.TASK_STATUS_IGNORED
+                await anyio.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+
+    async def _session(self, task_status: TaskStatus[None]) -> None:
+        pubsub = self.redis.pubsub()
+        try:
+            await pubsub.subscribe(self.control, *self.listeners)
+            self._pubsub = pubsub
+            first = self.reconnects == 0
+            self.reconnects += 1
+            task_status.started()
+            await self._pump(pubsub, catch_up=not first)
+        finally:
+            self._pubsub = None
+            self._reset_confirmations()
+            with anyio.CancelScope(shield=True):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _pump(self, pubsub: PubSub, catch_up: bool) -> None:
+        while True:
+            message = await pubsub.get_message(timeout=1.0)
+            if message is None:
+                continue
+            kind, channel = message["type"], message["channel"]
+            if kind == "message":
+                for listener in tuple(self.listeners.get(channel, ())):
+                    listener.on_message(message["data"])
+            elif kind == "subscribe":
+                self._confirm(channel)
+                if channel == self.control and catch_up:
+                    self._catch_up_all()
+
+    def _confirm(self, channel: str) -> None:
+        event = self._confirmed.setdefault(channel, anyio.Event())
+        event.set()
+
+    def _reset_confirmations(self) -> None:
+        self._confirmed = {}
+
+    def _catch_up_all(self) -> None:
+        for listeners in self.listeners.values():
+            for listener in tuple(listeners):
+                listener.on_reconnect()
+
+    async def attach(self, channel: str, listener: Listener) -> None:
+        """Feed `listener` from `channel`; returns once Redis confirmed the subscription."""
+        listeners = self.listeners.setdefault(channel, set())
+        listeners.add(listener)
+        if len(listeners) == 1 and self._pubsub is not None:
+            await self._pubsub.subscribe(channel)
+        with anyio.fail_after(CONFIRM_TIMEOUT):
+            await self._confirmed.setdefault(channel, anyio.Event()).wait()
+
+    def detach(self, channel: str, listener: Listener) -> None:
+        """Stop feeding `listener`; the channel is unsubscribed with its last listener."""
+        listeners = self.listeners.get(channel)
+        if listeners is None:
+            return
+        listeners.discard(listener)
+        if not listeners:
+            del self.listeners[channel]
+            self._confirmed.pop(channel, None)
+            if self._tg is not None:
+                self._tg.start_soon(self._unsubscribe, channel)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        if self._pubsub is not None and channel not in self.listeners:
+            try:
+                await self._pubsub.unsubscribe(channel)
+            except RedisError as exc:  # the reconnect will not re-subscribe it anyway
+                log.debug("unsubscribe failed", channel=channel, error=repr(exc))
+
+    def spawn(self, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run background work (a listener's catch-up) in the fan-out's task group."""
+        if self._tg is not None:
+            self._tg.start_soon(func)
+
+    async def aclose(self) -> None:
+        """Close the client; safe twice."""
+        await self.redis.aclose()
+
+
+def frame_seq(frame: str) -> int | None:
+    """The seq of a `session.event` frame built by the Function (seq is its first param), else None."""
+    head = '{"jsonrpc":"2.0","method":"session.event","params":{"seq":'
+    if not frame.startswith(head):
+        return None
+    end = frame.find(",", len(head))
+    return int(frame[len(head):end])
+
+
+def event_frame(session_json: str, member: str, seq: Any) -> str:
+    """The same frame the Function publishes, rebuilt from a stored ZSET member (for replays)."""
+    return ('{"jsonrpc":"2.0","method":"session.event","params":{"seq":' + str(int(seq)) +
+            ',"sessionId":' + session_json + ',"event":' + member + "}}")

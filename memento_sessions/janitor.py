@@ -1,0 +1,55 @@
+"""Keeps the session indexes exact: entries of sessions Redis expired are removed, the gauge updated.
+
+Every daemon runs it; it is idempotent, so several at once do no harm.
+"""
+
+from __future__ import annotations
+
+import anyio
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from memento_sessions import keys
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import ACTIVE_SESSIONS
+
+log = get_logger(__name__)
+INTERVAL = 15.0
+CHUNK = 500
+
+
+async def sweep_namespace(redis: aioredis.Redis, namespace: str) -> int:
+    """Remove index entries whose session expired; return how many sessions remain."""
+    index, start = keys.session_index(namespace), 0
+    while ids := [str(sid) for sid in await redis.zrange(index, start, start + CHUNK - 1)]:
+        async with redis.pipeline(transaction=False) as pipe:
+            for sid in ids:
+                pipe.exists(keys.session_keys(namespace, sid).session)
+            alive = await pipe.execute()
+        gone = [sid for sid, exists in zip(ids, alive, strict=True) if not exists]
+        if gone:
+            await redis.zrem(index, *gone)
+        start += CHUNK - len(gone)
+    remaining: int = await redis.zcard(index)
+    if remaining == 0:
+        await redis.srem(keys.namespaces(), namespace)
+    return remaining
+
+
+async def sweep(redis: aioredis.Redis) -> int:
+    """Sweep every namespace; return the number of live sessions."""
+    total = 0
+    for namespace in await redis.smembers(keys.namespaces()):
+        total += await sweep_namespace(redis, str(namespace))
+    ACTIVE_SESSIONS.set(total)
+    return total
+
+
+async def janitor(redis: aioredis.Redis) -> None:
+    """Sweep forever, every INTERVAL seconds."""
+    while True:
+        try:
+            await sweep(redis)
+        except RedisError as exc:
+            log.warning("index sweep failed", error=repr(exc))
+        await anyio.sleep(INTERVAL)
