@@ -9,8 +9,8 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import anyio
 

@@ -73,7 +73,8 @@ def register(registry: Registry, manager: SessionManager) -> None:
                                  limit=p.limit)
 
     async def list_(call: Call, p: ListParams) -> Result:
-        sessions = await manager.list_sessions(call.identity.namespace, state=p.state, agent_id=p.agentId, limit=p.limit)
+        sessions = await manager.list_sessions(call.identity.namespace, state=p.state, agent_id=p.agentId,
+                                               limit=p.limit)
         return {"sessions": sessions}
 
     async def emit(call: Call, p: EmitParams) -> Result:
