@@ -1,0 +1,470 @@
+#!/usr/bin/env python3
+"""memento-sessions benchmark: every hot path beside the raw floor, measured in one run.
+
+Starts the embedded redis-server (with FalkorDB) and Postgres in a temporary directory and a
+daemon process on them, then measures each figure and the bare redis-py call of the same Redis
+work (the floor) side by side, and prints a table and one JSON line.
+
+    .venv/bin/python scripts/bench.py            # full run (a few minutes)
+    .venv/bin/python scripts/bench.py --quick    # under a minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis.asyncio as aioredis
+from websockets.asyncio.client import ClientConnection, connect
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from memento_sessions import keys  # noqa: E402
+from memento_sessions.auth import Identity, issue_token  # noqa: E402
+from memento_sessions.embedded.postgres import EmbeddedPostgres  # noqa: E402
+from memento_sessions.embedded.process import free_port  # noqa: E402
+from memento_sessions.embedded.redis import EmbeddedRedis  # noqa: E402
+from memento_sessions.logs import configure_logging  # noqa: E402
+from memento_sessions.sessions.manager import SessionManager, event_body, iso, now_ms  # noqa: E402
+from memento_sessions.sessions.models import EventIn  # noqa: E402
+from memento_sessions.settings import load_settings  # noqa: E402
+
+SECRET = "bench-secret-0123456789-0123456789-abcdef"
+PAYLOAD: dict[str, Any] = {
+    "type": "modified",
+    "changeInfo": {"elementType": "function", "entityIds": ["fn:parse_config", "fn:load"], "operation": "modified",
+                   "affectedLines": 12},
+    "impact": {"severity": "low", "perfDelta": -0.5},
+}
+
+
+@dataclass
+class Figure:
+    """One measured figure beside its floor."""
+
+    name: str
+    unit: str
+    value: float
+    floor: float | None
+    target: str = ""
+    higher_is_better: bool = True
+    met: bool | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float | None:
+        if not self.floor:
+            return None
+        return self.value / self.floor
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+@dataclass
+class Env:
+    """What every measurement needs: the backends, the daemon's port, a Redis client."""
+
+    redis_url: str
+    postgres_dsn: str
+    port: int
+    redis: aioredis.Redis
+    quick: bool
+    namespace: str = "bench"
+
+    def token(self, agent: str) -> str:
+        return issue_token(SECRET, agent, self.namespace, "sessions:read sessions:write kg:write", 3600)
+
+    def manager(self) -> SessionManager:
+        settings = load_settings(redis_url=self.redis_url, postgres_dsn=self.postgres_dsn, auth_secret=SECRET)
+        return SessionManager(self.redis, settings)
+
+    def who(self, agent: str = "bench") -> Identity:
+        return Identity(agent, self.namespace, frozenset({"sessions:read", "sessions:write"}))
+
+
+class Rpc:
+    """A minimal JSON-RPC WebSocket peer (one request at a time)."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws = ws
+        self.next_id = 0
+
+    async def call(self, method: str, params: dict[str, Any]) -> Any:
+        self.next_id += 1
+        await self.ws.send(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}))
+        while True:
+            reply = json.loads(await self.ws.recv())
+            if reply.get("id") == self.next_id:
+                if "error" in reply:
+                    raise RuntimeError(reply["error"])
+                return reply["result"]
+
+
+@asynccontextmanager
+async def ws(env: Env, agent: str) -> AsyncIterator[Rpc]:
+    async with connect(f"ws://127.0.0.1:{env.port}/ws?token={env.token(agent)}", max_size=2**24,
+                       max_queue=None, compression=None) as conn:
+        yield Rpc(conn)
+
+
+async def rate(count: int, work: Callable[[int], Awaitable[None]]) -> float:
+    """Operations per second of `count` sequential calls of `work`."""
+    start = time.perf_counter()
+    for i in range(count):
+        await work(i)
+    return count / (time.perf_counter() - start)
+
+
+# --- ingest -------------------------------------------------------------------------------------------------
+
+
+async def new_session(env: Env, manager: SessionManager) -> str:
+    return str((await manager.create(env.who()))["sessionId"])
+
+
+def floor_args(env: Env, sid: str, count: int = 1) -> tuple[list[str], list[str | int]]:
+    """The exact FCALL ms_emit keys and args the manager sends for PAYLOAD."""
+    event = EventIn.model_validate(PAYLOAD)
+    stamp = iso(now_ms())
+    args: list[str | int] = [now_ms(), "bench", keys.session_channel(env.namespace, sid), json.dumps(sid)]
+    for _ in range(count):
+        args += ["", event.new_state(), event_body(event, "bench", sid, stamp)]
+    return keys.session_keys(env.namespace, sid).all(), args
+
+
+async def bench_emit_sequential(env: Env) -> Figure:
+    manager = env.manager()
+    await manager.start()
+    n = 2000 if env.quick else 10000
+    sid = await new_session(env, manager)
+    ours = await rate(n, lambda _: manager.emit(env.who(), sid, EventIn.model_validate(PAYLOAD)))
+    floor_sid = await new_session(env, manager)
+    fkeys, fargs = floor_args(env, floor_sid)
+    floor = await rate(n, lambda _: env.redis.fcall("ms_emit", 4, *fkeys, *fargs))
+    return Figure("emit, in-process, sequential", "events/s", ours, floor, ">= 0.7 x floor (bare FCALL)")
+
+
+async def bench_emit_batch(env: Env) -> Figure:
+    manager = env.manager()
+    batches = 40 if env.quick else 200
+    sid = await new_session(env, manager)
+    events = [EventIn.model_validate(PAYLOAD)] * 100
+    ours = 100 * await rate(batches, lambda _: manager.emit_batch(env.who(), sid, events))
+    floor_sid = await new_session(env, manager)
+    fkeys, fargs = floor_args(env, floor_sid)
+
+    async def pipelined(_: int) -> None:
+        async with env.redis.pipeline(transaction=False) as pipe:
+            for _ in range(100):
+                pipe.fcall("ms_emit", 4, *fkeys, *fargs)
+            await pipe.execute()
+
+    floor = 100 * await rate(batches, pipelined)
+    return Figure("emit_batch (100/batch), in-process", "events/s", ours, floor,
+                  ">= 0.7 x floor (100 FCALLs pipelined)")
+
+
+async def bench_ws_ingest(env: Env) -> Figure:
+    manager = env.manager()
+    agents, per_agent = 64, (40 if env.quick else 150)
+    sid = await new_session(env, manager)
+
+    async def agent(n: int) -> None:
+        async with ws(env, f"agent{n}") as peer:
+            for _ in range(per_agent):
+                await peer.call("event.emit", {"sessionId": sid, "event": PAYLOAD})
+
+    ours = await concurrently(agents, agent) * per_agent
+    floor_sid = await new_session(env, manager)
+    fkeys, fargs = floor_args(env, floor_sid)
+
+    async def floor_agent(_: int) -> None:
+        for _ in range(per_agent):
+            await env.redis.fcall("ms_emit", 4, *fkeys, *fargs)
+
+    floor = await concurrently(agents, floor_agent) * per_agent
+    return Figure("event.emit over WebSocket, 64 agents", "events/s", ours, floor,
+                  ">= 0.5 x floor (64 concurrent FCALLs)")
+
+
+async def concurrently(n: int, work: Callable[[int], Awaitable[None]]) -> float:
+    """Rounds per second: n tasks each doing `work` once, timed together."""
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for i in range(n):
+            tg.start_soon(work, i)
+    return n / (time.perf_counter() - start)
+
+
+# --- fan-out --------------------------------------------------------------------------------------------------
+
+
+async def receive_latencies(conn: ClientConnection, samples: list[float], count: int) -> None:
+    """Record send-to-receive latency of `count` session.event frames carrying {"t0": ns}."""
+    got = 0
+    while got < count:
+        frame = await conn.recv()
+        now = time.perf_counter_ns()
+        at = frame.find('"t0":')
+        if at < 0 or '"session.event"' not in frame[:60]:
+            continue
+        t0 = int(frame[at + 5: frame.index("}", at)])
+        samples.append((now - t0) / 1e6)
+        got += 1
+
+
+async def handoff(env: Env, subscribers: int, per_second: int, count: int) -> list[float]:
+    """Latency samples of event.emit (A) to session.event (B) at a fixed rate."""
+    manager = env.manager()
+    sid = await new_session(env, manager)
+    samples: list[float] = []
+    async with anyio.create_task_group() as tg:
+        for n in range(subscribers):
+            await tg.start(subscriber, env, sid, n, samples, count)
+        async with ws(env, "emitter") as emitter:
+            await paced(per_second, count, lambda: emitter.call(
+                "event.emit", {"sessionId": sid, "event": {"type": "modified", "data": {"t0": time.perf_counter_ns()}}}))
+    return samples
+
+
+async def subscriber(env: Env, sid: str, n: int, samples: list[float], count: int,
+                     *, task_status: anyio.abc.TaskStatus[None]) -> None:
+    async with ws(env, f"sub{n}") as peer:
+        await peer.call("session.subscribe", {"sessionId": sid})
+        task_status.started()
+        await receive_latencies(peer.ws, samples, count)
+
+
+async def paced(per_second: int, count: int, send: Callable[[], Awaitable[Any]]) -> None:
+    """Call `send` `count` times at `per_second`, on a fixed schedule (no coordinated omission)."""
+    start, interval = time.perf_counter(), 1.0 / per_second
+    for i in range(count):
+        delay = start + i * interval - time.perf_counter()
+        if delay > 0:
+            await anyio.sleep(delay)
+        await send()
+
+
+async def publish_floor(env: Env, subscribers: int, per_second: int, count: int) -> list[float]:
+    """Latency of a bare PUBLISH to redis-py pub/sub subscribers, same shape."""
+    channel, samples = f"bench-floor-{time.time_ns()}", []
+
+    async def listen(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+        client = aioredis.Redis.from_url(env.redis_url, decode_responses=True)
+        pubsub = client.pubsub()
+        await pubsub.subscribe(channel)
+        await pubsub.get_message(timeout=1.0)
+        task_status.started()
+        got = 0
+        while got < count:
+            message = await pubsub.get_message(timeout=5.0, ignore_subscribe_messages=True)
+            if message:
+                samples.append((time.perf_counter_ns() - int(message["data"])) / 1e6)
+                got += 1
+        await pubsub.aclose()
+        await client.aclose()
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(subscribers):
+            await tg.start(listen)
+        await paced(per_second, count, lambda: env.redis.publish(channel, str(time.perf_counter_ns())))
+    return samples
+
+
+async def bench_handoff(env: Env, subscribers: int, per_second: int) -> Figure:
+    count = max(50, per_second * (2 if env.quick else 8))
+    ours = await handoff(env, subscribers, per_second, count)
+    floor = await publish_floor(env, subscribers, per_second, count)
+    return Figure(f"handoff p99, {per_second} ev/s, {subscribers} subscribers", "ms", pct(ours, 0.99),
+                  pct(floor, 0.99), "p99 < 5 ms", higher_is_better=False,
+                  extra={"p50_ms": pct(ours, 0.5), "floor_p50_ms": pct(floor, 0.5), "samples": len(ours)})
+
+
+async def bench_fanout_1000(env: Env) -> Figure:
+    subscribers, count = 1000, (20 if env.quick else 60)
+    ours = await handoff(env, subscribers, 10, count)
+    floor = await publish_floor(env, subscribers, 10, count)
+    last_ours = per_event_max(ours, subscribers, count)
+    last_floor = per_event_max(floor, subscribers, count)
+    return Figure("fan-out to 1000 subscribers, 10 ev/s, last receiver p99", "ms", pct(last_ours, 0.99),
+                  pct(last_floor, 0.99), "p99 < 50 ms", higher_is_better=False,
+                  extra={"p50_ms": pct(last_ours, 0.5), "floor_p50_ms": pct(last_floor, 0.5)})
+
+
+def per_event_max(samples: list[float], subscribers: int, count: int) -> list[float]:
+    """Samples arrive per subscriber in event order; the max over subscribers per event index."""
+    by_sub = [samples[i * count:(i + 1) * count] for i in range(subscribers)]
+    return [max(row[i] for row in by_sub if len(row) > i) for i in range(count)]
+
+
+async def bench_replay(env: Env) -> Figure:
+    manager = env.manager()
+    n = 10_000
+    sid = await new_session(env, manager)
+    events = [EventIn.model_validate(PAYLOAD)] * 500
+    for _ in range(n // 500):
+        await manager.emit_batch(env.who(), sid, events)
+    async with ws(env, "replayer") as peer:
+        start = time.perf_counter()
+        await peer.call("session.subscribe", {"sessionId": sid, "since": 0})
+        got = 0
+        while got < n:
+            if '"session.event"' in (await peer.ws.recv())[:60]:
+                got += 1
+        ours = n / (time.perf_counter() - start)
+    zkey = keys.session_keys(env.namespace, sid).events
+
+    async def chunked(_: int) -> None:
+        for start_seq in range(0, n, 500):
+            await env.redis.zrangebyscore(zkey, f"({start_seq}", "+inf", start=0, num=500)
+
+    floor = n * await rate(1, chunked)
+    return Figure("replay, subscribe since 0 on 10,000 events", "events/s", ours, floor, ">= 50,000 events/s",
+                  extra={"floor_is": 0})
+
+
+# --- memory ---------------------------------------------------------------------------------------------------
+
+
+async def used_memory(env: Env) -> int:
+    return int((await env.redis.info("memory"))["used_memory"])
+
+
+async def bench_memory(env: Env) -> list[Figure]:
+    manager = env.manager()
+    sid = await new_session(env, manager)
+    before = await used_memory(env)
+    events = [EventIn.model_validate(PAYLOAD)] * 500
+    for _ in range(10):
+        await manager.emit_batch(env.who(), sid, events)
+    per_event = (await used_memory(env) - before) / 5000
+    before = await used_memory(env)
+    for _ in range(1000):
+        await manager.create(env.who())
+    per_session = (await used_memory(env) - before) / 1000
+    payload_bytes = len(event_body(events[0], "bench", sid, iso(now_ms()))) + 10
+    return [Figure("Redis memory per stored event", "bytes", per_event, payload_bytes, "", higher_is_better=False),
+            Figure("Redis memory per idle session", "bytes", per_session, None, "", higher_is_better=False)]
+
+
+# --- driver ---------------------------------------------------------------------------------------------------
+
+
+def judge(figure: Figure) -> None:
+    """Set `met` from the target text."""
+    t, ratio = figure.target, figure.ratio
+    if t.startswith(">=") and "x floor" in t and ratio is not None:
+        figure.met = ratio >= float(t.split()[1])
+    elif t.startswith("p99 <"):
+        figure.met = figure.value < float(t.split()[2])
+    elif t.startswith(">=") and "events/s" in t:
+        figure.met = figure.value >= float(t.split()[1].replace(",", ""))
+
+
+def show(figures: list[Figure]) -> None:
+    print(f"\n{'figure':<58} {'value':>12} {'floor':>12} {'ratio':>7}  target / met")
+    for f in figures:
+        floor = f"{f.floor:,.1f}" if f.floor else "-"
+        ratio = f"{f.ratio:.2f}" if f.ratio else "-"
+        met = {True: "yes", False: "NO", None: ""}[f.met]
+        print(f"{f.name:<58} {f.value:>12,.2f} {floor:>12} {ratio:>7}  {f.target} {met}  [{f.unit}]")
+        if f.extra:
+            print(f"{'':<58} " + ", ".join(f"{k}={v:,.2f}" for k, v in f.extra.items() if k != "floor_is"))
+    print(json.dumps({"bench": [{**asdict(f), "ratio": f.ratio} for f in figures]}))
+
+
+@asynccontextmanager
+async def daemon(redis_url: str, postgres_dsn: str, data: Path) -> AsyncIterator[int]:
+    port = free_port()
+    env = {**os.environ, "MEMENTO_REDIS_URL": redis_url, "MEMENTO_POSTGRES_DSN": postgres_dsn,
+           "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_PORT": str(port), "MEMENTO_DATA_DIR": str(data / "daemon"),
+           "MEMENTO_LOG_LEVEL": "warning", "MEMENTO_CHECKPOINT_EVERY": "100000"}
+    proc = subprocess.Popen([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env)
+    try:
+        await wait_port(port)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+async def wait_port(port: int) -> None:
+    with anyio.fail_after(60):
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+                await stream.aclose()
+                return
+            except OSError:
+                await anyio.sleep(0.1)
+
+
+SECTIONS: dict[str, Callable[[Env], Awaitable[Figure | list[Figure]]]] = {
+    "emit": bench_emit_sequential,
+    "batch": bench_emit_batch,
+    "ws-ingest": bench_ws_ingest,
+    "handoff-100": lambda env: bench_handoff(env, 100, 100),
+    "handoff-1000": lambda env: bench_handoff(env, 10, 1000),
+    "fanout-1000": bench_fanout_1000,
+    "replay": bench_replay,
+    "memory": bench_memory,
+}
+
+
+async def run(args: argparse.Namespace) -> None:
+    configure_logging("console", "warning")
+    with tempfile.TemporaryDirectory(prefix="memento-bench-") as tmp:
+        data = Path(tmp)
+        redis_server, postgres = EmbeddedRedis(data / "redis"), EmbeddedPostgres(data / "postgres")
+        redis_server.start()
+        postgres.start()
+        try:
+            async with daemon(redis_server.url, postgres.url, data) as port:
+                client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+                env = Env(redis_server.url, postgres.url, port, client, args.quick)
+                figures = await measure(env, args.only)
+                await client.aclose()
+        finally:
+            redis_server.stop()
+            postgres.stop()
+    show(figures)
+
+
+async def measure(env: Env, only: list[str] | None) -> list[Figure]:
+    figures: list[Figure] = []
+    for name, section in SECTIONS.items():
+        if only and name not in only:
+            continue
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        result = await section(env)
+        for figure in result if isinstance(result, list) else [result]:
+            judge(figure)
+            figures.append(figure)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller counts: a run of under a minute")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
+    args = parser.parse_args()
+    anyio.run(run, args)
+
+
+if __name__ == "__main__":
+    main()
