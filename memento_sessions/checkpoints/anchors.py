@@ -1,0 +1,93 @@
+"""Checkpoint anchors on the knowledge graph: `(:SessionAnchor)-[:ANCHORS]->(:CodebaseEntity)`.
+
+One query writes an anchor and trims every touched entity to its newest `cap` anchors, so a
+checkpoint costs one round trip and FalkorDB (which runs a graph's writes one at a time) applies it
+atomically: two daemons writing the same checkpointId leave one anchor. See docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from memento_sessions.checkpoints.aggregate import Summary
+from memento_sessions.kg.graph import Graph
+from memento_sessions.metrics import KG_ANCHORS_WRITTEN
+
+PRUNE_BATCH = 1000
+
+# The trim computes `orphan` before deleting and filters only after an aggregation: FalkorDB 4.16
+# pushes a WHERE placed after a DELETE below it, which would skip the deletes it should follow.
+WRITE_ANCHOR = """
+MERGE (a:SessionAnchor {checkpointId: $checkpointId})
+ON CREATE SET a += $props
+WITH a
+UNWIND $entityIds AS id
+MERGE (e:CodebaseEntity {id: id})
+ON CREATE SET e.stub = true
+MERGE (a)-[:ANCHORS]->(e)
+WITH DISTINCT e
+MATCH (e)<-[:ANCHORS]-(x:SessionAnchor)
+WITH e, x ORDER BY x.timestamp DESC, x.checkpointId DESC
+WITH e, collect(x)[$cap..] AS older
+UNWIND older AS x
+WITH x, collect(e) AS dropped
+WITH x, dropped, size(dropped) = size([(x)-[:ANCHORS]->(y) | y]) AS orphan
+UNWIND dropped AS e
+MATCH (x)-[r:ANCHORS]->(e)
+DELETE r
+WITH collect(DISTINCT CASE WHEN orphan THEN x END) AS orphans
+UNWIND orphans AS x
+DELETE x
+RETURN count(x)
+"""
+
+PRUNE_ANCHORS = """
+MATCH (a:SessionAnchor) WHERE a.timestamp < $cutoff
+WITH a LIMIT $batch
+DETACH DELETE a
+RETURN count(a)
+"""
+
+
+def epoch_ms(moment: datetime) -> int:
+    """Anchor timestamps are UTC epoch milliseconds: ordered, range-indexed, language-neutral."""
+    return int(moment.timestamp() * 1000)
+
+
+def anchor_props(session_id: str, summary: Summary, timestamp: datetime, external_ref: str | None) -> dict[str, Any]:
+    """The anchor's properties: scalars and arrays of scalars only (FalkorDB stores no maps)."""
+    props: dict[str, Any] = {
+        "sessionId": session_id, "outcome": summary.outcome, "brokeDuring": summary.broke_during,
+        "keyImpacts": list(summary.key_impacts), "perfDelta": summary.perf_delta, "actors": list(summary.actors),
+        "timestamp": epoch_ms(timestamp), "fromSeq": summary.from_seq, "toSeq": summary.to_seq,
+    }
+    if external_ref is not None:
+        props["externalRef"] = external_ref
+    return props
+
+
+async def write_anchor(graph: Graph, checkpoint_id: str, session_id: str, summary: Summary,
+                       timestamp: datetime, cap: int, external_ref: str | None = None) -> int:
+    """Anchor the checkpoint on each entity of `summary`, keep the newest `cap` per entity; links created."""
+    if not summary.entity_ids:
+        return 0  # an anchor on nothing could never be found or trimmed
+    result = await graph.query(WRITE_ANCHOR, {
+        "checkpointId": checkpoint_id, "entityIds": list(summary.entity_ids), "cap": cap,
+        "props": anchor_props(session_id, summary, timestamp, external_ref),
+    })
+    links = int(result.relationships_created)
+    KG_ANCHORS_WRITTEN.inc(links)
+    return links
+
+
+async def prune_anchors(graph: Graph, older_than: timedelta, now: datetime | None = None) -> int:
+    """Delete anchors older than `older_than`, in batches so no one query holds the graph long."""
+    cutoff = epoch_ms((now or datetime.now(UTC)) - older_than)
+    removed = 0
+    while True:
+        result = await graph.query(PRUNE_ANCHORS, {"cutoff": cutoff, "batch": PRUNE_BATCH})
+        deleted = int(result.result_set[0][0])
+        removed += deleted
+        if deleted < PRUNE_BATCH:
+            return removed

@@ -1,0 +1,157 @@
+"""Retention: old anchors pruned, old snapshot partitions dropped; hourly, by the daemon holding a lease.
+
+The lease is a Redis key set with NX and PX and renewed by its holder; if the holder dies, the key
+expires and another daemon takes over within one lease time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import anyio
+import redis.asyncio as aioredis
+from anyio.abc import TaskStatus
+
+from memento_sessions import keys
+from memento_sessions.backends import UNAVAILABLE, Backends
+from memento_sessions.checkpoints.anchors import prune_anchors
+from memento_sessions.checkpoints.snapshots import Snapshots
+from memento_sessions.kg.graph import Graphs
+from memento_sessions.kg.graph import namespaces as graph_namespaces
+from memento_sessions.logs import get_logger
+from memento_sessions.settings import Settings
+
+log = get_logger(__name__)
+
+RETENTION_INTERVAL = 3600.0
+LEASE_SECONDS = 60.0
+
+RENEW_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+@dataclass
+class PruneReport:
+    """What one retention run removed."""
+
+    anchors: dict[str, int] = field(default_factory=dict)
+    partitions: list[str] = field(default_factory=list)
+
+    @property
+    def anchors_removed(self) -> int:
+        return sum(self.anchors.values())
+
+
+async def prune(backends: Backends, namespaces: Iterable[str] | None, settings: Settings,
+                snapshots: Snapshots | None = None) -> PruneReport:
+    """Run both retention jobs once; `namespaces` None means every namespace that has a graph."""
+    report = PruneReport()
+    names = namespaces if namespaces is not None else await graph_namespaces(backends.falkordb, backends.graph_prefix)
+    graphs = Graphs(backends)
+    for namespace in names:
+        graph = await graphs.get(namespace)
+        report.anchors[namespace] = await prune_anchors(graph, timedelta(days=settings.anchor_max_age_days))
+    if backends.postgres.enabled:
+        store = snapshots or Snapshots(backends.postgres)
+        report.partitions = await store.drop_old_partitions(settings.snapshot_max_age_days)
+    return report
+
+
+def lease_owner() -> str:
+    """A name unique to this daemon process."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Lease:
+    """A Redis lease: `held` is True while this process owns `key`."""
+
+    def __init__(self, redis: aioredis.Redis, key: str | None = None, owner: str | None = None,
+                 seconds: float = LEASE_SECONDS) -> None:
+        self.redis = redis
+        self.key = key or keys.retention_lease()
+        self.owner = owner or lease_owner()
+        self.seconds = seconds
+        self.held = False
+
+    @property
+    def _ms(self) -> int:
+        return int(self.seconds * 1000)
+
+    async def try_hold(self) -> bool:
+        """Take the lease if it is free, renew it if it is ours; False when another daemon has it."""
+        if await self.redis.set(self.key, self.owner, nx=True, px=self._ms):
+            return True
+        return bool(await self.redis.eval(RENEW_LEASE, 1, self.key, self.owner, self._ms))
+
+    async def release(self) -> None:
+        """Give the lease up if it is ours; safe to call twice."""
+        self.held = False
+        await self.redis.eval(RELEASE_LEASE, 1, self.key, self.owner)
+
+    async def keep(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Hold or wait for the lease forever, checking three times per lease time; release on exit."""
+        try:
+            self.held = await self._check()
+            task_status.started()
+            while True:
+                await anyio.sleep(self.seconds / 3)
+                self.held = await self._check()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.release()
+
+    async def _check(self) -> bool:
+        try:
+            return await self.try_hold()
+        except UNAVAILABLE as exc:
+            log.warning("retention lease check failed", error=repr(exc))
+            return False
+
+
+async def run_while_leader(lease: Lease, job: Callable[[], Awaitable[object]], interval: float = RETENTION_INTERVAL,
+                           *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    """Run `job` every `interval` seconds, only while `lease` is held by this process."""
+    async with anyio.create_task_group() as tg:
+        await tg.start(lease.keep)
+        task_status.started()
+        next_run = 0.0
+        while True:
+            if lease.held and anyio.current_time() >= next_run:
+                await _run_logged(job)
+                next_run = anyio.current_time() + interval
+            await anyio.sleep(min(interval, lease.seconds / 3))
+
+
+async def _run_logged(job: Callable[[], Awaitable[object]]) -> None:
+    """A failed run is logged and retried at the next interval, never fatal to the daemon."""
+    try:
+        result = await job()
+    except Exception:
+        log.exception("retention run failed")
+        return
+    log.info("retention run", result=repr(result))
+
+
+def retention_job(backends: Backends, settings: Settings) -> Callable[[], Awaitable[PruneReport]]:
+    """The daemon's job: prune every namespace."""
+    snapshots = Snapshots(backends.postgres)
+
+    async def job() -> PruneReport:
+        return await prune(backends, None, settings, snapshots)
+
+    return job

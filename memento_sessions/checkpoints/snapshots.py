@@ -1,0 +1,223 @@
+"""Failure snapshots in Postgres: `session_snapshots`, partitioned by day, idempotent on checkpoint_id.
+
+Postgres cannot enforce UNIQUE (checkpoint_id) on a table partitioned by snapshot_at (a unique
+constraint there must include the partition key), so the small unpartitioned `snapshot_ids` table
+holds the uniqueness and hands out the ids; see docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+import anyio
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+from memento_sessions.backends import UNAVAILABLE, Postgres
+from memento_sessions.errors import BackendUnavailable
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import BACKEND_ERRORS, FAILURE_SNAPSHOTS
+
+log = get_logger(__name__)
+
+# Errors after which a retry may succeed: the server is down, restarting or shutting down.
+TRANSIENT: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable, asyncpg.OperatorInterventionError)
+
+SCHEMA_LOCK = 0x6D656D656E746F01  # advisory lock key held while changing the schema or partitions
+PARTITION_NAME = re.compile(r"^session_snapshots_p(\d{8})$")
+
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS memento_schema_migrations (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+LOCK_SCHEMA = "SELECT pg_advisory_xact_lock($1)"
+APPLIED_VERSIONS = "SELECT version FROM memento_schema_migrations"
+RECORD_VERSION = "INSERT INTO memento_schema_migrations (version) VALUES ($1)"
+
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, (
+        """CREATE TABLE snapshot_ids (
+            checkpoint_id text PRIMARY KEY,
+            id bigint GENERATED ALWAYS AS IDENTITY UNIQUE,
+            snapshot_at timestamptz NOT NULL
+        )""",
+        "CREATE INDEX snapshot_ids_snapshot_at ON snapshot_ids (snapshot_at)",
+        """CREATE TABLE session_snapshots (
+            id bigint NOT NULL,
+            session_id text NOT NULL,
+            checkpoint_id text NOT NULL,
+            namespace text NOT NULL,
+            outcome text NOT NULL,
+            events jsonb NOT NULL,
+            snapshot_at timestamptz NOT NULL,
+            PRIMARY KEY (id, snapshot_at),
+            UNIQUE (checkpoint_id, snapshot_at)
+        ) PARTITION BY RANGE (snapshot_at)""",
+        "CREATE INDEX session_snapshots_session ON session_snapshots (namespace, session_id, snapshot_at DESC)",
+    )),
+)
+
+# Partition names and bounds come from a `date`, never from input: DDL takes no parameters.
+CREATE_PARTITION = (
+    "CREATE TABLE IF NOT EXISTS {name} PARTITION OF session_snapshots "
+    "FOR VALUES FROM ('{start} 00:00:00+00') TO ('{end} 00:00:00+00')"
+)
+DROP_PARTITION = "DROP TABLE IF EXISTS {name}"
+LIST_PARTITIONS = """
+SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+WHERE i.inhparent = 'session_snapshots'::regclass"""
+FORGET_IDS = "DELETE FROM snapshot_ids WHERE snapshot_at < $1"
+
+CLAIM_ID = """
+INSERT INTO snapshot_ids (checkpoint_id, snapshot_at) VALUES ($1, $2)
+ON CONFLICT (checkpoint_id) DO NOTHING RETURNING id"""
+EXISTING_ID = "SELECT id FROM snapshot_ids WHERE checkpoint_id = $1"
+INSERT_SNAPSHOT = """
+INSERT INTO session_snapshots (id, session_id, checkpoint_id, namespace, outcome, events, snapshot_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"""
+LATEST_SNAPSHOT = """
+SELECT id, session_id, checkpoint_id, namespace, outcome, events::text AS events, snapshot_at
+FROM session_snapshots WHERE namespace = $1 AND session_id = $2
+ORDER BY snapshot_at DESC, id DESC LIMIT 1"""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A stored failure snapshot: every event of the session at a broken checkpoint."""
+
+    id: int
+    session_id: str
+    checkpoint_id: str
+    namespace: str
+    outcome: str
+    events: list[dict[str, Any]]
+    snapshot_at: datetime
+
+
+def partition_name(day: date) -> str:
+    return f"session_snapshots_p{day:%Y%m%d}"
+
+
+def partition_ddl(day: date) -> str:
+    return CREATE_PARTITION.format(name=partition_name(day), start=day.isoformat(),
+                                   end=(day + timedelta(days=1)).isoformat())
+
+
+class Snapshots:
+    """The snapshot store over the daemon's (lazily connected) Postgres."""
+
+    def __init__(self, postgres: Postgres) -> None:
+        self.postgres = postgres
+        self._migrated = False
+
+    async def migrate(self) -> None:
+        """Create or upgrade the schema; safe while another daemon does the same."""
+        if self._migrated:
+            return
+        pool = await self.postgres.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(LOCK_SCHEMA, SCHEMA_LOCK)
+            await conn.execute(CREATE_MIGRATIONS_TABLE)
+            applied = {row["version"] for row in await conn.fetch(APPLIED_VERSIONS)}
+            for version, statements in MIGRATIONS:
+                if version not in applied:
+                    await _apply(conn, version, statements)
+        today = datetime.now(UTC).date()
+        await self.create_partition(today)
+        await self.create_partition(today + timedelta(days=1))
+        self._migrated = True
+
+    async def create_partition(self, day: date) -> None:
+        """Create the partition holding `day` (UTC) if it is missing."""
+        pool = await self.postgres.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(LOCK_SCHEMA, SCHEMA_LOCK)
+            await conn.execute(partition_ddl(day))
+
+    async def store_snapshot(self, namespace: str, session_id: str, checkpoint_id: str, outcome: str,
+                             events: list[dict[str, Any]], snapshot_at: datetime | None = None) -> int:
+        """Store a snapshot once per checkpoint_id; returns its id (the same id when run again)."""
+        await self.migrate()
+        at = snapshot_at or datetime.now(UTC)
+        args = (session_id, checkpoint_id, namespace, outcome, json.dumps(events), at)
+        try:
+            return await self._insert(*args)
+        except asyncpg.CheckViolationError as exc:
+            if "no partition" not in str(exc):
+                raise
+        await self.create_partition(at.astimezone(UTC).date())
+        return await self._insert(*args)
+
+    async def _insert(self, session_id: str, checkpoint_id: str, namespace: str, outcome: str,
+                      events: str, at: datetime) -> int:
+        pool = await self.postgres.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            new_id: int | None = await conn.fetchval(CLAIM_ID, checkpoint_id, at)
+            if new_id is None:
+                existing: int = await conn.fetchval(EXISTING_ID, checkpoint_id)
+                return existing
+            await conn.execute(INSERT_SNAPSHOT, new_id, session_id, checkpoint_id, namespace, outcome, events, at)
+        FAILURE_SNAPSHOTS.inc()
+        return new_id
+
+    async def retry_store(self, namespace: str, session_id: str, checkpoint_id: str, outcome: str,
+                          events: list[dict[str, Any]], snapshot_at: datetime | None = None, *,
+                          first_delay: float = 0.1, max_delay: float = 30.0) -> int:
+        """store_snapshot, retried with capped, jittered exponential backoff until Postgres answers."""
+        if not self.postgres.enabled:
+            raise BackendUnavailable("postgres is off (MEMENTO_POSTGRES_DSN=off): no snapshot is stored")
+        at = snapshot_at or datetime.now(UTC)
+        delay = first_delay
+        while True:
+            try:
+                return await self.store_snapshot(namespace, session_id, checkpoint_id, outcome, events, at)
+            except TRANSIENT as exc:
+                pause = delay * random.uniform(0.5, 1.0)
+                BACKEND_ERRORS.labels("postgres").inc()
+                log.warning("snapshot store failed; retrying", checkpoint_id=checkpoint_id,
+                            retry_in=round(pause, 3), error=repr(exc))
+            await anyio.sleep(pause)
+            delay = min(delay * 2, max_delay)
+
+    async def drop_old_partitions(self, max_age_days: int, now: datetime | None = None) -> list[str]:
+        """Drop the day partitions wholly older than `max_age_days`; returns their names."""
+        await self.migrate()
+        boundary = ((now or datetime.now(UTC)) - timedelta(days=max_age_days)).astimezone(UTC).date()
+        pool = await self.postgres.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(LOCK_SCHEMA, SCHEMA_LOCK)
+            names = sorted(row["relname"] for row in await conn.fetch(LIST_PARTITIONS))
+            old = [name for name in names if (_partition_day(name) or boundary) < boundary]
+            for name in old:
+                await conn.execute(DROP_PARTITION.format(name=name))
+            await conn.execute(FORGET_IDS, datetime.combine(boundary, time(), UTC))
+        return old
+
+    async def latest_snapshot(self, namespace: str, session_id: str) -> Snapshot | None:
+        """The newest snapshot of a session (the bridge's fallback once Redis forgot it)."""
+        await self.migrate()
+        pool = await self.postgres.pool()
+        row = await pool.fetchrow(LATEST_SNAPSHOT, namespace, session_id)
+        if row is None:
+            return None
+        return Snapshot(row["id"], row["session_id"], row["checkpoint_id"], row["namespace"], row["outcome"],
+                        json.loads(row["events"]), row["snapshot_at"])
+
+
+async def _apply(conn: PoolConnectionProxy[asyncpg.Record], version: int, statements: tuple[str, ...]) -> None:
+    for statement in statements:
+        await conn.execute(statement)
+    await conn.execute(RECORD_VERSION, version)
+    log.info("postgres schema migrated", version=version)
+
+
+def _partition_day(name: str) -> date | None:
+    """The day a partition holds; None for a table that is not one of our day partitions."""
+    match = PARTITION_NAME.match(name)
+    return None if match is None else datetime.strptime(match.group(1), "%Y%m%d").date()

@@ -1,0 +1,72 @@
+"""A namespace's knowledge graph, with its indexes created once per graph per process.
+
+`CodebaseEntity` is the base label of every KG node (blueprint 001 hangs clusters, specs and benchmarks
+on it), so one index on `CodebaseEntity.id` finds any node by id, and anchors attach to loaded nodes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+import anyio
+from falkordb.asyncio import FalkorDB
+from redis.exceptions import ResponseError
+
+from memento_sessions.backends import Backends
+
+Graph = Any  # falkordb.asyncio.AsyncGraph; the falkordb package ships no type information
+
+Label = Literal["CodebaseEntity", "SemanticCluster", "Spec", "Benchmark", "Test", "Symbol"]
+Relationship = Literal["MEMBER_OF_CLUSTER", "IMPLEMENTS_CLUSTER", "PERFORMS_FOR", "IMPACTS", "DEFINES", "TESTS",
+                       "REQUIRES"]
+BASE_LABEL: Label = "CodebaseEntity"
+LABELS: tuple[Label, ...] = get_args(Label)
+RELATIONSHIPS: tuple[Relationship, ...] = get_args(Relationship)
+
+# Labels cannot be parameters; these are built from the fixed schema above, never from input.
+CREATE_ID_INDEX = {label: f"CREATE INDEX FOR (n:{label}) ON (n.id)" for label in LABELS}
+CREATE_ANCHOR_INDEXES = (
+    "CREATE INDEX FOR (a:SessionAnchor) ON (a.checkpointId)",
+    "CREATE INDEX FOR (a:SessionAnchor) ON (a.timestamp)",
+    "CREATE INDEX FOR (a:SessionAnchor) ON (a.sessionId)",
+)
+LIST_GRAPHS = "GRAPH.LIST"
+
+
+async def ensure_indexes(graph: Graph) -> None:
+    """Create every index the daemon's queries use; an index that exists already is fine."""
+    for statement in (*CREATE_ID_INDEX.values(), *CREATE_ANCHOR_INDEXES):
+        try:
+            await graph.query(statement)
+        except ResponseError as exc:
+            if "already indexed" not in str(exc):
+                raise
+
+
+class Graphs:
+    """Hands out namespace graphs, ensuring each one's indexes on first use."""
+
+    def __init__(self, backends: Backends) -> None:
+        self.backends = backends
+        self._ready: set[str] = set()
+        self._lock = anyio.Lock()
+
+    async def get(self, namespace: str) -> Graph:
+        """The graph of `namespace`, indexed."""
+        name = self.backends.graph_name(namespace)
+        graph = self.backends.falkordb.select_graph(name)
+        if name not in self._ready:
+            async with self._lock:
+                if name not in self._ready:
+                    await ensure_indexes(graph)
+                    self._ready.add(name)
+        return graph
+
+
+async def namespaces(db: FalkorDB, prefix: str) -> list[str]:
+    """The namespaces that have a graph: `<prefix>` is default, `<prefix>_<ns>` is ns."""
+    names = [name.decode() if isinstance(name, bytes) else str(name)
+             for name in await db.connection.execute_command(LIST_GRAPHS)]
+    found = {"default" if name == prefix else name.removeprefix(prefix + "_")
+             for name in names if name == prefix or name.startswith(prefix + "_")}
+    return sorted(found)

@@ -1,0 +1,81 @@
+"""The checkpoint summary of SPEC section 5, computed from a window of wire events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memento_sessions.checkpoints.aggregate import Summary, aggregate
+
+
+def event(seq: int, type_: str = "modified", actor: str = "agent-a", entities: list[str] | None = None,
+          **parts: Any) -> dict[str, Any]:
+    """A stored event as the ZSET holds it."""
+    body: dict[str, Any] = {"seq": seq, "type": type_, "actor": actor, "sessionId": "s-1"}
+    if entities is not None:
+        body["changeInfo"] = {"entityIds": entities, "operation": "modified"}
+    body.update(parts)
+    return body
+
+
+def test_broken_then_fixed_in_one_window_is_working_but_broke_during() -> None:
+    window = [
+        event(11, entities=["svc.auth.login"]),
+        event(12, "broke", actor="agent-b", entities=["svc.auth.login"],
+              impact={"severity": "high", "testsFailed": ["t-login"], "perfDelta": 12.5}),
+        event(13, "test_pass", stateTransition={"from": "broken", "to": "working", "verifiedBy": "test"},
+              impact={"perfDelta": -2.0}),
+    ]
+    summary = aggregate(window, "working")
+    assert summary == Summary(
+        outcome="working", broke_during=True, key_impacts=("svc.auth.login:high",), perf_delta=10.5,
+        actors=("agent-a", "agent-b"), entity_ids=("svc.auth.login",), from_seq=11, to_seq=13,
+    )
+
+
+def test_state_transition_to_broken_counts_as_breaking() -> None:
+    window = [event(1, "modified", stateTransition={"to": "broken"})]
+    assert aggregate(window, "broken").broke_during is True
+    assert aggregate([event(1, stateTransition={"to": "working"})], "working").broke_during is False
+
+
+def test_key_impacts_keep_high_and_critical_once_each_in_window_order() -> None:
+    window = [
+        event(1, entities=["b", "a"], impact={"severity": "critical"}),
+        event(2, entities=["c"], impact={"severity": "medium"}),
+        event(3, entities=["a"], impact={"severity": "low"}),
+        event(4, "deploy", impact={"severity": "high"}),
+        event(5, entities=["b"], impact={"severity": "critical"}),
+        event(6, entities=["a"], impact={"severity": "high"}),
+    ]
+    assert aggregate(window, "broken").key_impacts == ("b:critical", "a:critical", "deploy:high", "a:high")
+
+
+def test_entities_and_actors_are_sorted_unique_and_perf_delta_sums() -> None:
+    window = [
+        event(7, actor="z-agent", entities=["m", "a"], impact={"perfDelta": 1.25}),
+        event(8, actor="a-agent", entities=["m", "z"], impact={"perfDelta": 3}),
+        event(9, actor="z-agent", impact={"perfDelta": None, "severity": None}),
+        event(10, actor="z-agent", changeInfo=None, impact=None, stateTransition=None),
+    ]
+    summary = aggregate(window, "working")
+    assert summary.entity_ids == ("a", "m", "z")
+    assert summary.actors == ("a-agent", "z-agent")
+    assert summary.perf_delta == 4.25
+    assert (summary.from_seq, summary.to_seq) == (7, 10)
+    assert summary.broke_during is False and summary.key_impacts == ()
+
+
+def test_empty_window() -> None:
+    summary = aggregate([], "coordinating")
+    assert summary.to_wire() == {
+        "outcome": "coordinating", "brokeDuring": False, "keyImpacts": [], "perfDelta": 0.0, "actors": [],
+        "entityIds": [], "fromSeq": 0, "toSeq": 0,
+    }
+
+
+def test_wire_shape_is_camel_case_lists() -> None:
+    wire = aggregate([event(3, entities=["x"], impact={"severity": "critical", "perfDelta": 2})], "broken").to_wire()
+    assert wire == {
+        "outcome": "broken", "brokeDuring": False, "keyImpacts": ["x:critical"], "perfDelta": 2.0,
+        "actors": ["agent-a"], "entityIds": ["x"], "fromSeq": 3, "toSeq": 3,
+    }

@@ -1,0 +1,178 @@
+"""Failure snapshots on the real Postgres: idempotent inserts, day partitions, retries while it is down."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+from prometheus_client import REGISTRY
+
+from memento_sessions.backends import Postgres
+from memento_sessions.checkpoints.snapshots import Snapshots, partition_name
+from memento_sessions.embedded.postgres import EmbeddedPostgres
+from memento_sessions.embedded.process import free_port
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.errors import BackendUnavailable
+
+pytestmark = pytest.mark.anyio
+NOW = datetime.now(UTC)
+EVENTS = [
+    {"seq": 1, "type": "start", "actor": "agent-a", "changeInfo": {"entityIds": ["svc.a"], "operation": "init"}},
+    {"seq": 2, "type": "broke", "actor": "agent-a", "impact": {"severity": "high", "testsFailed": ["t1"]}},
+]
+
+
+@pytest.fixture
+async def postgres(backend_urls: Endpoints) -> AsyncIterator[Postgres]:
+    assert backend_urls.postgres_dsn is not None
+    pg = Postgres(backend_urls.postgres_dsn)
+    yield pg
+    await pg.close()
+
+
+@pytest.fixture
+def store(postgres: Postgres) -> Snapshots:
+    return Snapshots(postgres)
+
+
+def checkpoint() -> str:
+    return f"cp-{uuid.uuid4().hex}"
+
+
+async def fetch(postgres: Postgres, query: str, *args: Any) -> list[asyncpg.Record]:
+    pool = await postgres.pool()
+    return list(await pool.fetch(query, *args))
+
+
+async def test_store_is_idempotent_on_checkpoint_id(store: Snapshots, postgres: Postgres, namespace: str) -> None:
+    cp, stored_before = checkpoint(), snapshots_metric()
+    first = await store.store_snapshot(namespace, "s-1", cp, "broken", EVENTS)
+    again = await store.store_snapshot(namespace, "s-1", cp, "broken", EVENTS + EVENTS, NOW + timedelta(days=3))
+    assert first == again
+    found = await fetch(postgres, "SELECT id, outcome, events::text FROM session_snapshots "
+                                  "WHERE checkpoint_id = $1", cp)
+    assert [(row["id"], row["outcome"], json.loads(row["events"])) for row in found] == [(first, "broken", EVENTS)]
+    assert snapshots_metric() - stored_before == 1
+
+
+def snapshots_metric() -> float:
+    return REGISTRY.get_sample_value("memento_failure_snapshots_total") or 0.0
+
+
+async def test_retry_store_refuses_at_once_when_postgres_is_off(namespace: str) -> None:
+    with anyio.fail_after(1), pytest.raises(BackendUnavailable, match="postgres is off"):
+        await Snapshots(Postgres(None)).retry_store(namespace, "s-1", checkpoint(), "broken", EVENTS)
+
+
+async def test_concurrent_stores_of_one_checkpoint_write_one_row(postgres: Postgres, backend_urls: Endpoints,
+                                                                 namespace: str) -> None:
+    cp, ids = checkpoint(), []
+    assert backend_urls.postgres_dsn is not None
+    daemons = [Snapshots(Postgres(backend_urls.postgres_dsn)) for _ in range(6)]
+
+    async def store_one(snapshots: Snapshots) -> None:
+        ids.append(await snapshots.store_snapshot(namespace, "s-1", cp, "broken", EVENTS))
+
+    async with anyio.create_task_group() as tg:
+        for snapshots in daemons:
+            tg.start_soon(store_one, snapshots)
+    for snapshots in daemons:
+        await snapshots.postgres.close()
+    assert len(set(ids)) == 1 and len(ids) == 6
+    assert len(await fetch(postgres, "SELECT 1 FROM session_snapshots WHERE checkpoint_id = $1", cp)) == 1
+
+
+async def test_latest_snapshot_holds_every_event(store: Snapshots, namespace: str) -> None:
+    await store.store_snapshot(namespace, "s-1", checkpoint(), "broken", EVENTS[:1], NOW - timedelta(hours=2))
+    newest = await store.store_snapshot(namespace, "s-1", checkpoint(), "broken", EVENTS, NOW)
+    await store.store_snapshot(namespace, "s-other", checkpoint(), "broken", [], NOW + timedelta(hours=1))
+    latest = await store.latest_snapshot(namespace, "s-1")
+    assert latest is not None
+    assert (latest.id, latest.session_id, latest.outcome, latest.events) == (newest, "s-1", "broken", EVENTS)
+    assert await store.latest_snapshot("another-namespace", "s-1") is None
+
+
+async def test_old_partitions_are_dropped_and_newer_kept(store: Snapshots, postgres: Postgres, namespace: str) -> None:
+    ages = (45, 40, 29, 2)
+    cps = {age: checkpoint() for age in ages}
+    for age, cp in cps.items():
+        await store.store_snapshot(namespace, "s-1", cp, "broken", EVENTS, NOW - timedelta(days=age))
+    dropped = await store.drop_old_partitions(30)
+    assert {partition_name((NOW - timedelta(days=age)).date()) for age in (45, 40)} <= set(dropped)
+    assert not {partition_name((NOW - timedelta(days=age)).date()) for age in (29, 2)} & set(dropped)
+    kept = await fetch(postgres, "SELECT checkpoint_id FROM session_snapshots WHERE namespace = $1", namespace)
+    assert sorted(row["checkpoint_id"] for row in kept) == sorted([cps[29], cps[2]])
+    ids = await fetch(postgres, "SELECT checkpoint_id FROM snapshot_ids WHERE checkpoint_id = ANY($1)",
+                      list(cps.values()))
+    assert len(ids) == 2  # the dropped snapshots' ids are forgotten too
+    assert await store.drop_old_partitions(30) == []
+
+
+async def test_migration_is_safe_when_daemons_start_together(postgres: Postgres, backend_urls: Endpoints) -> None:
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    pool = await postgres.pool()
+    await pool.execute(f'CREATE DATABASE "{database}"')
+    assert backend_urls.postgres_dsn is not None
+    dsn = backend_urls.postgres_dsn.rsplit("/", 1)[0] + "/" + database
+    daemons = [Snapshots(Postgres(dsn)) for _ in range(4)]
+    try:
+        async with anyio.create_task_group() as tg:
+            for snapshots in daemons:
+                tg.start_soon(snapshots.migrate)
+        fresh = Postgres(dsn)
+        versions = await fetch(fresh, "SELECT version FROM memento_schema_migrations")
+        partitions = await fetch(fresh, "SELECT count(*) FROM pg_inherits "
+                                        "WHERE inhparent = 'session_snapshots'::regclass")
+        await fresh.close()
+    finally:
+        for snapshots in daemons:
+            await snapshots.postgres.close()
+        await pool.execute(f'DROP DATABASE "{database}"')
+    assert [row["version"] for row in versions] == [1]
+    assert partitions[0][0] == 2  # today and tomorrow
+
+
+def retry_count() -> float:
+    return REGISTRY.get_sample_value("memento_backend_errors_total", {"backend": "postgres"}) or 0.0
+
+
+async def test_retry_store_waits_for_postgres_and_writes_exactly_once(tmp_path: Path, namespace: str) -> None:
+    server = EmbeddedPostgres(tmp_path / "pg", free_port())
+    await anyio.to_thread.run_sync(server.start)
+    warm, cold = Snapshots(Postgres(server.url)), Snapshots(Postgres(server.url))
+    try:
+        await warm.store_snapshot(namespace, "s-0", checkpoint(), "broken", EVENTS)  # a pool with live connections
+        await anyio.to_thread.run_sync(server.stop)
+        results: dict[str, int] = {}
+        cps = {"warm": checkpoint(), "cold": checkpoint()}
+        before = retry_count()
+        async with anyio.create_task_group() as tg:
+            for name, snapshots in (("warm", warm), ("cold", cold)):
+                tg.start_soon(_retry_into, results, name, snapshots, namespace, cps[name])
+            await anyio.sleep(1.5)
+            assert results == {}  # still retrying while Postgres is down
+            assert retry_count() - before >= 6  # at least 3 tries each, backing off
+            await anyio.to_thread.run_sync(server.start)
+            with anyio.fail_after(30):
+                while len(results) < 2:
+                    await anyio.sleep(0.05)
+        for name, snapshots in (("warm", warm), ("cold", cold)):
+            assert await snapshots.store_snapshot(namespace, "s-1", cps[name], "broken", EVENTS) == results[name]
+            rows = await fetch(snapshots.postgres, "SELECT events::text FROM session_snapshots "
+                                                   "WHERE checkpoint_id = $1", cps[name])
+            assert len(rows) == 1
+    finally:
+        await warm.postgres.close()
+        await cold.postgres.close()
+        await anyio.to_thread.run_sync(server.stop)
+
+
+async def _retry_into(results: dict[str, int], name: str, snapshots: Snapshots, namespace: str, cp: str) -> None:
+    results[name] = await snapshots.retry_store(namespace, "s-1", cp, "broken", EVENTS, max_delay=0.4)
