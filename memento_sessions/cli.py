@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """Commands that live beside their feature (kg, prune, mcp)."""
-    return []
+    from memento_sessions.kg.commands import register as kg_commands
+
+    return [kg_commands]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
