@@ -13,6 +13,9 @@ from starlette.types import ASGIApp
 
 from memento_sessions import keys
 from memento_sessions.backends import Backends
+from memento_sessions.checkpoints import methods as checkpoint_methods
+from memento_sessions.checkpoints.checkpointer import Checkpointer
+from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
 from memento_sessions.fanout import Fanout
 from memento_sessions.janitor import janitor
 from memento_sessions.rpc import Registry
@@ -31,11 +34,13 @@ class Services:
     registry: Registry
     manager: SessionManager
     fanout: Fanout
+    checkpointer: Checkpointer
     tasks: TaskGroup
     mcp_app: ASGIApp | None = None
 
     async def drain(self) -> None:
-        """Finish in-flight background work before shutdown."""
+        """Finish in-flight checkpoints (bounded) before shutdown."""
+        await self.checkpointer.drain()
 
 
 @asynccontextmanager
@@ -49,9 +54,13 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
         async with anyio.create_task_group() as tg:
             await tg.start(fanout.run)
             tg.start_soon(janitor, backends.redis)
+            checkpointer = Checkpointer(settings, backends, manager)
+            await tg.start(checkpointer.run)
+            await tg.start(run_while_leader, Lease(backends.redis), retention_job(backends, settings))
             session_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
-            yield Services(settings, backends, registry, manager, fanout, tg)
+            checkpoint_methods.register(registry, checkpointer)
+            yield Services(settings, backends, registry, manager, fanout, checkpointer, tg)
             tg.cancel_scope.cancel()
     finally:
         await fanout.aclose()

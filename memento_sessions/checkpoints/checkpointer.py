@@ -1,0 +1,219 @@
+"""The Checkpointer: aggregates each window of a session into KG anchors and failure snapshots.
+
+Triggers (SPEC section 5): every MEMENTO_CHECKPOINT_EVERY events and every `checkpoint` event
+(queued, done in the background), `session.checkpoint` and completion (done at once). A checkpoint's
+id is derived from its session and last seq, so two daemons that checkpoint the same window write
+the same anchor and the same snapshot row; a Redis lock per session keeps them from doing the work
+twice. A snapshot that Postgres cannot take now is retried with backoff in the background.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import pydantic_core
+from anyio.abc import TaskGroup
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from memento_sessions import keys
+from memento_sessions.backends import UNAVAILABLE, Backends
+from memento_sessions.checkpoints.aggregate import Summary, aggregate
+from memento_sessions.checkpoints.anchors import write_anchor
+from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
+from memento_sessions.errors import BackendUnavailable, NotFound
+from memento_sessions.kg.graph import Graphs
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import CHECKPOINTS, FAILURE_SNAPSHOTS, KG_ANCHORS_WRITTEN
+from memento_sessions.rpc import encode_notification
+from memento_sessions.sessions.manager import Emitted, SessionManager, now_ms
+from memento_sessions.settings import Settings
+
+log = get_logger(__name__)
+QUEUE_SIZE = 1024
+WORKERS = 4
+LOCK_TTL = 30.0
+DRAIN_SECONDS = 5.0
+SNAPSHOT_TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT, TimeoutError)
+
+
+def checkpoint_id(session_id: str, seq: int, final: bool) -> str:
+    """Deterministic per window: the same window gives the same id on every daemon."""
+    return f"cp-{session_id}-{seq}{'-final' if final else ''}"
+
+
+class Checkpointer:
+    """Runs checkpoints for every namespace; `request` queues one, `checkpoint` runs one now."""
+
+    def __init__(self, settings: Settings, backends: Backends, manager: SessionManager) -> None:
+        self.settings, self.backends, self.manager = settings, backends, manager
+        self.graphs = Graphs(backends)
+        self.snapshots = Snapshots(backends.postgres)
+        send, receive = anyio.create_memory_object_stream[tuple[str, str]](QUEUE_SIZE)
+        self._send: MemoryObjectSendStream[tuple[str, str]] = send
+        self._receive: MemoryObjectReceiveStream[tuple[str, str]] = receive
+        self._queued: set[tuple[str, str]] = set()
+        self._tg: TaskGroup | None = None
+        self.in_flight = 0
+        manager.listeners.append(self.on_emitted)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Work through queued checkpoints with a few workers, forever."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            for _ in range(WORKERS):
+                tg.start_soon(self._worker)
+            if self.backends.postgres.enabled:
+                await self._migrate_at_start()
+            task_status.started()
+
+    async def _migrate_at_start(self) -> None:
+        """Create or migrate the snapshot schema now; if Postgres is down, keep trying in the background."""
+        try:
+            with anyio.fail_after(5.0):
+                await self.snapshots.migrate()
+        except SNAPSHOT_TRANSIENT as exc:
+            log.warning("snapshot schema not migrated yet; retrying in the background", error=repr(exc))
+            assert self._tg is not None
+            self._tg.start_soon(self._migrate_until_done)
+
+    async def _migrate_until_done(self) -> None:
+        delay = 0.5
+        while True:
+            await anyio.sleep(delay)
+            try:
+                await self.snapshots.migrate()
+                return
+            except SNAPSHOT_TRANSIENT:
+                delay = min(delay * 2, 30.0)
+
+    def on_emitted(self, namespace: str, session_id: str, done: Sequence[Emitted]) -> None:
+        """Queue a checkpoint when an emit crossed a multiple of N or carried a `checkpoint` event."""
+        every = self.settings.checkpoint_every
+        if any(not e.duplicate and (e.seq % every == 0 or e.event.type == "checkpoint") for e in done):
+            self.request(namespace, session_id)
+
+    def request(self, namespace: str, session_id: str) -> None:
+        """Queue a checkpoint; a full queue drops it (the next checkpoint covers its window)."""
+        key = (namespace, session_id)
+        if key in self._queued:
+            return
+        try:
+            self._send.send_nowait(key)
+        except anyio.WouldBlock:
+            log.warning("checkpoint queue full; trigger dropped", session_id=session_id)
+            return
+        self._queued.add(key)
+
+    async def _worker(self) -> None:
+        async for namespace, session_id in self._receive:
+            self._queued.discard((namespace, session_id))
+            try:
+                await self.checkpoint(namespace, session_id)
+            except NotFound:
+                pass  # expired between the emit and the checkpoint: nothing left to anchor
+            except Exception as exc:  # keep the worker alive; the next trigger retries the window
+                log.warning("background checkpoint failed", session_id=session_id, error=repr(exc))
+
+    async def checkpoint(self, namespace: str, session_id: str, final: bool = False) -> dict[str, Any]:
+        """Checkpoint the window since the last checkpoint; the result of `session.checkpoint`."""
+        self.in_flight += 1
+        try:
+            lock = self.backends.redis.lock(keys.checkpoint_lock(namespace, session_id), timeout=LOCK_TTL,
+                                            blocking_timeout=LOCK_TTL)
+            async with lock:
+                return await self._checkpoint(namespace, session_id, final)
+        finally:
+            self.in_flight -= 1
+
+    async def _checkpoint(self, namespace: str, session_id: str, final: bool) -> dict[str, Any]:
+        started = time.perf_counter()
+        session, _ = await self.manager.read(namespace, session_id, 0, 1)
+        last = session["lastCheckpoint"] or {}
+        if session["state"] == "completed" or (not final and last.get("seq") == session["seq"]):
+            return {**last.get("result", {}), "checkpointId": last.get("id")}
+        _, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
+        events = [pydantic_core.from_json(member) for member in members]
+        summary = aggregate(events, session["state"])
+        cp_id = checkpoint_id(session_id, session["seq"], final)
+        result = {"checkpointId": cp_id, **_wire(summary)}
+        if summary.outcome == "broken":
+            result.update(await self._snapshot(namespace, session_id, cp_id))
+        await self._anchor(namespace, session_id, cp_id, summary, result.get("snapshotId"))
+        await self._mark(namespace, session_id, cp_id, session["seq"], result, final)
+        CHECKPOINTS.labels(summary.outcome).inc()
+        log.info("checkpoint", session_id=session_id, checkpoint_id=cp_id, outcome=summary.outcome,
+                 ms=round((time.perf_counter() - started) * 1000, 2))
+        return result
+
+    async def _snapshot(self, namespace: str, session_id: str, cp_id: str) -> dict[str, Any]:
+        """Store every event of the session; if Postgres is away, retry in the background."""
+        if not self.backends.postgres.enabled:
+            return {}
+        _, members = await self.manager.read(namespace, session_id)
+        events = [pydantic_core.from_json(member) for member in members]
+        try:
+            with anyio.fail_after(2.0):
+                snapshot_id = await self.snapshots.store_snapshot(namespace, session_id, cp_id, "broken", events)
+        except SNAPSHOT_TRANSIENT as exc:
+            log.warning("failure snapshot deferred; retrying in the background", checkpoint_id=cp_id,
+                        error=repr(exc))
+            self._spawn_retry(namespace, session_id, cp_id, events)
+            return {"snapshotPending": True}
+        FAILURE_SNAPSHOTS.inc()
+        return {"snapshotId": snapshot_id}
+
+    def _spawn_retry(self, namespace: str, session_id: str, cp_id: str, events: list[dict[str, Any]]) -> None:
+        async def retry() -> None:
+            self.in_flight += 1
+            try:
+                await self.snapshots.retry_store(namespace, session_id, cp_id, "broken", events)
+                FAILURE_SNAPSHOTS.inc()
+                log.info("deferred failure snapshot stored", checkpoint_id=cp_id)
+            finally:
+                self.in_flight -= 1
+
+        if self._tg is not None:
+            self._tg.start_soon(retry)
+
+    async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary,
+                      snapshot_id: int | None) -> None:
+        graph = await self.graphs.get(namespace)
+        ref = f"session_snapshots:{snapshot_id}" if snapshot_id is not None else None
+        for attempt in range(3):
+            try:
+                links = await write_anchor(graph, cp_id, session_id, summary, datetime.now(UTC),
+                                           self.settings.anchor_cap, ref)
+                KG_ANCHORS_WRITTEN.inc(links)
+                return
+            except UNAVAILABLE as exc:
+                if attempt == 2:
+                    raise BackendUnavailable(f"falkordb: {exc}") from exc
+                await anyio.sleep(0.05 * 2**attempt)
+
+    async def _mark(self, namespace: str, session_id: str, cp_id: str, seq: int, result: dict[str, Any],
+                    final: bool) -> None:
+        """Record the checkpoint on the session (completing it when final) and notify subscribers."""
+        record = {"id": cp_id, "seq": seq, "outcome": result["outcome"], "at": now_ms(), "result": result}
+        note = {"sessionId": session_id, "checkpointId": cp_id, "outcome": result["outcome"]}
+        announce = {"type": "completed" if final else "checkpoint", **note}
+        await self.manager.store.call(
+            "ms_checkpoint", keys.session_keys(namespace, session_id), now_ms(),
+            pydantic_core.to_json(record).decode(), "1" if final else "0", self.settings.checkpoint_grace_ttl,
+            keys.session_channel(namespace, session_id), encode_notification("session.checkpoint", note).decode(),
+            keys.announce_channel(namespace), encode_notification("sessions.announce", announce).decode(),
+        )
+
+    async def drain(self) -> None:
+        """Wait (at most DRAIN_SECONDS) for queued and running checkpoints before shutdown."""
+        with anyio.move_on_after(DRAIN_SECONDS):
+            while self._queued or self.in_flight:  # noqa: ASYNC110 - workers signal nothing cheaper
+                await anyio.sleep(0.02)
+
+
+def _wire(summary: Summary) -> dict[str, Any]:
+    wire = summary.to_wire()
+    return {key: wire[key] for key in ("outcome", "brokeDuring", "keyImpacts", "perfDelta", "actors", "entityIds")}

@@ -1,0 +1,156 @@
+"""Checkpoints end to end: triggers, outcome, anchors, failure snapshots, completion, several daemons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+from falkordb.asyncio import FalkorDB
+
+from memento_sessions import keys
+from memento_sessions.daemon import Daemon, running
+from memento_sessions.embedded.postgres import EmbeddedPostgres
+from memento_sessions.endpoints import Endpoints
+from tests.conftest import make_settings, token
+from tests.rpcsocket import rpc
+
+pytestmark = pytest.mark.anyio
+GRAPH_PREFIX = "memento"
+
+
+async def anchors_on(urls: Endpoints, namespace: str, entity: str) -> list[dict[str, Any]]:
+    db = FalkorDB.from_url(urls.redis_url)
+    graph = db.select_graph(f"{GRAPH_PREFIX}_{namespace}")
+    result = await graph.query("MATCH (a:SessionAnchor)-[:ANCHORS]->(:CodebaseEntity {id: $id}) "
+                               "RETURN a.checkpointId, a.outcome, a.brokeDuring, a.perfDelta, a.externalRef "
+                               "ORDER BY a.checkpointId", {"id": entity})
+    await db.connection.aclose()
+    return [dict(zip(["id", "outcome", "brokeDuring", "perfDelta", "externalRef"], row, strict=True))
+            for row in result.result_set]
+
+
+async def snapshot_rows(dsn: str, session_id: str) -> list[tuple[str, int]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT checkpoint_id, jsonb_array_length(events) AS n FROM session_snapshots "
+                                "WHERE session_id = $1 ORDER BY id", session_id)
+    finally:
+        await conn.close()
+    return [(row["checkpoint_id"], row["n"]) for row in rows]
+
+
+async def test_broken_then_fixed_in_one_window_is_working_with_broke_during(daemon: Daemon, namespace: str,
+                                                                           backend_urls: Endpoints) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as a:
+        sid = (await a.call("session.create", {"entityIds": ["fn:parse"]}))["sessionId"]
+        await a.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"type": "broke", "changeInfo": {"entityIds": ["fn:parse", "test:io"]},
+             "impact": {"severity": "high", "perfDelta": 3}},
+            {"type": "modified", "impact": {"severity": "critical", "perfDelta": -1.5}},
+            {"type": "test_pass"},
+        ]})
+        result = await a.call("session.checkpoint", {"sessionId": sid})
+    assert result == {"checkpointId": f"cp-{sid}-4", "outcome": "working", "brokeDuring": True,
+                      "keyImpacts": ["fn:parse:high", "test:io:high", "modified:critical"], "perfDelta": 1.5,
+                      "actors": ["alice"], "entityIds": ["fn:parse", "test:io"]}
+    assert await snapshot_rows(backend_urls.postgres_dsn or "", sid) == []
+    assert [a["id"] for a in await anchors_on(backend_urls, namespace, "test:io")] == [f"cp-{sid}-4"]
+
+
+async def test_ending_broken_keeps_a_snapshot_of_every_event_and_completes(daemon: Daemon, namespace: str,
+                                                                           backend_urls: Endpoints) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as a, rpc(daemon.port, token("w", namespace)) as w:
+        await w.call("sessions.watch", {})
+        sid = (await a.call("session.create", {"entityIds": ["fn:x"]}))["sessionId"]
+        await w.notification("sessions.announce")
+        await w.call("session.subscribe", {"sessionId": sid})
+        for i in range(6):
+            await a.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "data": {"i": i}}})
+        await a.call("event.emit", {"sessionId": sid, "event": {"type": "broke",
+                                                                "changeInfo": {"entityIds": ["fn:x"]}}})
+        result = await a.call("session.checkpoint", {"sessionId": sid, "final": True})
+        assert result["outcome"] == "broken" and isinstance(result["snapshotId"], int)
+        note = await w.notification("session.checkpoint")
+        assert note["params"] == {"sessionId": sid, "checkpointId": result["checkpointId"], "outcome": "broken"}
+        done = await w.notification("sessions.announce")
+        assert done["params"]["type"] == "completed" and done["params"]["sessionId"] == sid
+        late = await a.error("event.emit", {"sessionId": sid, "event": {"type": "modified"}})
+        assert late["code"] == -32009
+        session = (await a.call("session.get", {"sessionId": sid}))["session"]
+        assert session["state"] == "completed" and session["lastCheckpoint"]["id"] == result["checkpointId"]
+    assert await snapshot_rows(backend_urls.postgres_dsn or "", sid) == [(result["checkpointId"], 8)]
+    anchors = await anchors_on(backend_urls, namespace, "fn:x")
+    assert anchors[0]["externalRef"] == f"session_snapshots:{result['snapshotId']}"
+    r = aioredis.Redis.from_url(backend_urls.redis_url)
+    for key in keys.session_keys(namespace, sid).all()[:3]:
+        assert 0 < await r.ttl(key) <= daemon.settings.checkpoint_grace_ttl
+    await r.aclose()
+
+
+async def test_every_n_events_and_checkpoint_events_trigger_a_checkpoint(backend_urls: Endpoints, tmp_path: Path,
+                                                                         namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, checkpoint_every=5)) as daemon, \
+            rpc(daemon.port, token("alice", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("session.subscribe", {"sessionId": sid})
+        await a.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"type": "modified", "changeInfo": {"entityIds": [f"fn:{i}"]}} for i in range(5)]})
+        first = await a.notification("session.checkpoint")
+        assert first["params"]["checkpointId"] == f"cp-{sid}-5"
+        await a.call("event.emit", {"sessionId": sid, "event": {"type": "checkpoint",
+                                                                "changeInfo": {"entityIds": ["fn:late"]}}})
+        second = await a.notification("session.checkpoint")
+        assert second["params"]["checkpointId"] == f"cp-{sid}-6"
+    assert [x["id"] for x in await anchors_on(backend_urls, namespace, "fn:3")] == [f"cp-{sid}-5"]
+    assert [x["id"] for x in await anchors_on(backend_urls, namespace, "fn:late")] == [f"cp-{sid}-6"]
+
+
+async def test_two_daemons_checkpointing_at_once_write_once(backend_urls: Endpoints, tmp_path: Path,
+                                                            namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path / "1")) as one, \
+            running(make_settings(backend_urls, tmp_path / "2")) as two, \
+            rpc(one.port, token("a", namespace)) as a, rpc(two.port, token("b", namespace)) as b:
+        sid = (await a.call("session.create", {"entityIds": ["fn:shared", "fn:other"]}))["sessionId"]
+        await b.call("event.emit", {"sessionId": sid, "event": {"type": "broke"}})
+        results: list[Any] = []
+
+        async def ask(peer: Any) -> None:
+            results.append(await peer.call("session.checkpoint", {"sessionId": sid}))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ask, a)
+            tg.start_soon(ask, b)
+    assert results[0]["checkpointId"] == results[1]["checkpointId"] == f"cp-{sid}-2"
+    assert len(await anchors_on(backend_urls, namespace, "fn:shared")) == 1
+    assert len(await anchors_on(backend_urls, namespace, "fn:other")) == 1
+    assert len(await snapshot_rows(backend_urls.postgres_dsn or "", sid)) == 1
+
+
+@pytest.mark.slow
+async def test_postgres_down_at_checkpoint_time_loses_no_snapshot(backend_urls: Endpoints, tmp_path: Path,
+                                                                  namespace: str) -> None:
+    postgres = EmbeddedPostgres(tmp_path / "pg")
+    postgres.start()
+    settings = make_settings(backend_urls, tmp_path, postgres_dsn=postgres.url)
+    try:
+        async with running(settings) as daemon, rpc(daemon.port, token("a", namespace)) as a:
+            sid = (await a.call("session.create", {"entityIds": ["fn:pg"]}))["sessionId"]
+            await a.call("event.emit", {"sessionId": sid, "event": {"type": "broke"}})
+            await anyio.to_thread.run_sync(postgres.stop)
+            result = await a.call("session.checkpoint", {"sessionId": sid})
+            assert result["outcome"] == "broken" and result["snapshotPending"] is True
+            assert [x["id"] for x in await anchors_on(backend_urls, namespace, "fn:pg")] == [result["checkpointId"]]
+            await anyio.sleep(1.0)
+            await anyio.to_thread.run_sync(postgres.start)
+            with anyio.fail_after(40):
+                while not await snapshot_rows(postgres.url, sid):
+                    await anyio.sleep(0.2)
+            await a.call("session.checkpoint", {"sessionId": sid})
+            await anyio.sleep(0.5)
+        assert await snapshot_rows(postgres.url, sid) == [(result["checkpointId"], 2)]
+    finally:
+        postgres.stop()
