@@ -154,3 +154,21 @@ async def test_postgres_down_at_checkpoint_time_loses_no_snapshot(backend_urls: 
         assert await snapshot_rows(postgres.url, sid) == [(result["checkpointId"], 2)]
     finally:
         postgres.stop()
+
+
+async def test_kg_upsert_needs_kg_write_and_names_bad_fields(daemon: Daemon, namespace: str,
+                                                             backend_urls: Endpoints) -> None:
+    nodes = [{"id": "cluster:io", "labels": ["SemanticCluster"], "props": {"name": "I/O"}},
+             {"id": "fn:read", "labels": ["CodebaseEntity"], "props": {"path": "io.py"}}]
+    edges = [{"from": "fn:read", "to": "cluster:io", "type": "MEMBER_OF_CLUSTER", "props": {}}]
+    async with rpc(daemon.port, token("w", namespace)) as plain:
+        assert (await plain.error("kg.upsert", {"nodes": nodes}))["code"] == -32001
+    async with rpc(daemon.port, token("w", namespace, scope="kg:write sessions:read")) as writer:
+        bad = await writer.error("kg.upsert", {"nodes": [{"id": "x", "labels": ["NotALabel"]}]})
+        assert bad["code"] == -32602 and bad["data"][0]["field"].startswith("nodes.0.labels")
+        assert await writer.call("kg.upsert", {"nodes": nodes, "edges": edges}) == {"nodes": 2, "edges": 1}
+    db = FalkorDB.from_url(backend_urls.redis_url)
+    graph = db.select_graph(f"{GRAPH_PREFIX}_{namespace}")
+    rows = (await graph.query("MATCH (e {id: 'fn:read'})-[:MEMBER_OF_CLUSTER]->(c) RETURN c.name")).result_set
+    await db.connection.aclose()
+    assert rows == [["I/O"]]
