@@ -12,7 +12,6 @@ from typing import Any
 
 from memento_sessions.checkpoints.aggregate import Summary
 from memento_sessions.kg.graph import Graph
-from memento_sessions.metrics import KG_ANCHORS_WRITTEN
 
 PRUNE_BATCH = 1000
 
@@ -76,9 +75,7 @@ async def write_anchor(graph: Graph, checkpoint_id: str, session_id: str, summar
         "checkpointId": checkpoint_id, "entityIds": list(summary.entity_ids), "cap": cap,
         "props": anchor_props(session_id, summary, timestamp, external_ref),
     })
-    links = int(result.relationships_created)
-    KG_ANCHORS_WRITTEN.inc(links)
-    return links
+    return int(result.relationships_created)
 
 
 async def prune_anchors(graph: Graph, older_than: timedelta, now: datetime | None = None) -> int:
