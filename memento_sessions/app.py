@@ -6,15 +6,29 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
-from starlette.types import ASGIApp
+from starlette.routing import BaseRoute, Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.gateway import Gateway
 from memento_sessions.health import Health
 
 
-def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> Starlette:
-    """Route the daemon's endpoints; `mcp` is mounted at /mcp when given."""
+def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> ASGIApp:
+    """The daemon's ASGI app: `/ws` straight to the gateway, everything else through Starlette's router."""
+    routes = build_routes(gateway, health, mcp)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        # The hot path skips the router's per-message send wrappers: one dict lookup instead.
+        if scope["type"] == "websocket" and scope["path"] == "/ws":
+            await gateway(scope, receive, send)
+        else:
+            await routes(scope, receive, send)
+
+    return app
+
+
+def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> Starlette:
+    """Route the daemon's endpoints; `mcp` serves exactly /mcp when given."""
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -33,5 +47,6 @@ def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> S
         WebSocketRoute("/ws", gateway),
     ]
     if mcp is not None:
-        routes.append(Mount("/mcp", app=mcp))
+        # A Route, not a Mount: `POST /mcp` is served as it is instead of redirected to `/mcp/`.
+        routes.append(Route("/mcp", mcp))
     return Starlette(routes=routes)

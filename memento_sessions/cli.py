@@ -21,8 +21,17 @@ Command = Callable[[argparse.Namespace, Settings], int]
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
     from memento_sessions.daemon import Daemon
 
-    anyio.run(Daemon(settings).run)
+    anyio.run(Daemon(settings).run, backend_options=event_loop_options())
     return 0
+
+
+def event_loop_options() -> dict[str, object]:
+    """uvloop where it is installed (Linux, macOS): the daemon's I/O loop is its hot path."""
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return {}
+    return {"use_uvloop": True}
 
 
 def _token(args: argparse.Namespace, settings: Settings) -> int:

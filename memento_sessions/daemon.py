@@ -19,6 +19,7 @@ from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import ChildServer
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints, postgres_dsn, remove_runtime, write_runtime
+from memento_sessions.errors import ConfigError
 from memento_sessions.gateway import Gateway
 from memento_sessions.health import Health, probe_forever
 from memento_sessions.logs import get_logger
@@ -75,7 +76,11 @@ def listen(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port} (MEMENTO_HOST/MEMENTO_PORT): {exc.strerror}") from None
     sock.listen(2048)
     sock.setblocking(False)
     return sock
@@ -92,12 +97,14 @@ class Daemon:
         self.services: Services | None = None
         self.gateway: Gateway | None = None
         self._server: _Server | None = None
+        self._sock: socket.socket | None = None
         self._stopping = anyio.Event()
 
     async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until stop() or a signal; `task_status` gets the bound port."""
         lock = DataDirLock(self.settings.data_dir) if self.servers else nullcontext()
-        with lock:
+        with lock, listen(self.settings.host, self.settings.port) as sock:
+            self._sock = sock
             try:
                 await start_all(self.servers)
                 await self._serve(endpoints_of(self.settings, self.servers), task_status)
@@ -125,7 +132,8 @@ class Daemon:
 
     async def _run_http(self, tg: TaskGroup, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
         assert self.gateway is not None and self.services is not None
-        sock = listen(self.settings.host, self.settings.port)
+        sock = self._sock
+        assert sock is not None
         self.port = sock.getsockname()[1]
         app = build_app(self.gateway, self.health, self.services.mcp_app)
         config = uvicorn.Config(

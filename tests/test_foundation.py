@@ -104,3 +104,19 @@ def test_every_command_has_help() -> None:
         done = subprocess.run([sys.executable, "-m", "memento_sessions.cli", *command, "--help"],
                               capture_output=True, text=True, timeout=60, check=True)
         assert "usage: memento-sessions" in done.stdout
+
+
+def test_serve_on_a_busy_port_exits_2_naming_the_variables() -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {"MEMENTO_PORT": str(port), "MEMENTO_REDIS_URL": "redis://127.0.0.1:1/0", "MEMENTO_POSTGRES_DSN": "off",
+               "MEMENTO_AUTH_SECRET": SECRET, "PATH": "/usr/bin:/bin"}
+        done = subprocess.run([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env,
+                              capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"memento-sessions: cannot listen on 127.0.0.1:{port} (MEMENTO_HOST/MEMENTO_PORT): Address already in use")
