@@ -84,8 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """Commands that live beside their feature (kg, prune, mcp)."""
     from memento_sessions.kg.commands import register as kg_commands
+    from memento_sessions.mcp_stdio import register as mcp_command
 
-    return [kg_commands]
+    return [kg_commands, mcp_command]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

@@ -18,6 +18,7 @@ from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
 from memento_sessions.fanout import Fanout
 from memento_sessions.janitor import janitor
+from memento_sessions.mcp_http import serve_mcp
 from memento_sessions.rpc import Registry
 from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.manager import SessionManager
@@ -60,7 +61,8 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             session_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
-            yield Services(settings, backends, registry, manager, fanout, checkpointer, tg)
+            async with serve_mcp(settings, registry) as mcp_app:
+                yield Services(settings, backends, registry, manager, fanout, checkpointer, tg, mcp_app)
             tg.cancel_scope.cancel()
     finally:
         await fanout.aclose()

@@ -1,0 +1,212 @@
+"""The MCP tools: each one calls its JSON-RPC method through the shared registry.
+
+One implementation, two transports: a tool builds the same params a WebSocket client would send and
+runs them through `Registry.call`, so validation, scopes, namespaces and results are the method's
+own. The caller is the token of the HTTP request (set by `mcp_http.BearerAuth`) or, on stdio, the
+MEMENTO_TOKEN verified at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, cast
+
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+
+from memento_sessions import __version__
+from memento_sessions.auth import Identity
+from memento_sessions.backends import UNAVAILABLE, backend_of
+from memento_sessions.errors import BackendUnavailable, RpcError
+from memento_sessions.mcp_models import (
+    AgentFilter,
+    AgentId,
+    Checkpoint,
+    ClusterId,
+    Condensed,
+    Created,
+    Days,
+    Emitted,
+    EntityFilter,
+    EntityIds,
+    Event,
+    Final,
+    Handoff,
+    Isolated,
+    Joined,
+    Labels,
+    Limit,
+    ListLimit,
+    NewSessionId,
+    Outcomes,
+    SessionDetail,
+    SessionId,
+    SessionList,
+    Since,
+    StateFilter,
+    Transitions,
+    Ttl,
+)
+from memento_sessions.metrics import BACKEND_ERRORS
+from memento_sessions.rpc import Call, Registry, Result
+
+CALLER: ContextVar[Identity | None] = ContextVar("memento_mcp_caller", default=None)
+
+INSTRUCTIONS = (
+    "memento-sessions is the shared, live record of a swarm of agents' work sessions. Create or join a "
+    "session, emit an event for every meaningful change (what changed, whether the code still works), and "
+    "before taking over someone else's work read get_handoff_context. Everything you see is limited to "
+    "your token's namespace."
+)
+
+READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+IDEMPOTENT = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                             open_world_hint=False)
+
+
+def describe(error: RpcError) -> str:
+    """`invalid params (-32602): event.type: String should match ...`: code, message and each field."""
+    return "; ".join([f"{error.message} ({error.code})", *_details(error.data)])
+
+
+def _details(data: Any) -> list[str]:
+    if isinstance(data, list):
+        return [_field(item) for item in data]
+    if isinstance(data, dict):
+        return [f"{key}: {value}" for key, value in data.items()]
+    return [] if data is None else [str(data)]
+
+
+def _field(item: Any) -> str:
+    if isinstance(item, dict) and "field" in item and "message" in item:
+        return f"{item['field']}: {item['message']}"
+    return str(item)
+
+
+class Tools:
+    """The ten tools, bound to one registry and one way of knowing the caller."""
+
+    def __init__(self, registry: Registry, identity: Identity | None = None) -> None:
+        self.registry = registry
+        self.identity = identity
+
+    def caller(self) -> Identity:
+        """The fixed stdio identity, else the one the HTTP middleware set for this request."""
+        who = self.identity or CALLER.get()
+        if who is None:
+            raise ToolError("unauthenticated (-32001): no verified token for this request")
+        return who
+
+    async def call(self, method: str, params: dict[str, Any]) -> Result:
+        """Run `method` as the caller; a JSON-RPC error becomes the tool's error result."""
+        given = {name: value for name, value in params.items() if value is not None}
+        try:
+            return await self.registry.call(Call(self.caller()), method, given)
+        except RpcError as exc:
+            raise ToolError(describe(exc)) from None
+        except UNAVAILABLE as exc:
+            BACKEND_ERRORS.labels(backend_of(exc)).inc()
+            raise ToolError(describe(BackendUnavailable(f"backend unavailable: {exc}"))) from None
+
+    async def create_session(self, entityIds: EntityIds = None, sessionId: NewSessionId = None, ttl: Ttl = None,
+                             labels: Labels = None) -> Created:
+        """Start a new shared work session with you as its first agent. Call it when you begin a task that
+        other agents may watch or take over. Pass the codebase entity ids you are about to work on
+        (a 'start' event naming them becomes seq 1) and optional labels. Returns the sessionId to use in
+        every other tool, its state ('working'), its current seq, its agentIds and when it expires."""
+        result = await self.call("session.create", {"entityIds": entityIds, "sessionId": sessionId,
+                                                    "ttl": ttl, "labels": labels})
+        return cast(Created, result)
+
+    async def join_session(self, sessionId: SessionId) -> Joined:
+        """Add yourself to an existing session's agents, before emitting into it or taking it over.
+        Joining twice is harmless. Returns the sessionId, every agent in it, its state ('working',
+        'broken', 'coordinating' or 'completed') and its current seq (the number of events so far)."""
+        return cast(Joined, await self.call("session.join", {"sessionId": sessionId}))
+
+    async def emit_event(self, sessionId: SessionId, event: Event) -> Emitted:
+        """Record one thing that happened in a session: call it after every meaningful change. Give the event
+        a type ('modified', 'broke', 'test_pass', 'checkpoint', 'handoff' or your own), and where it
+        applies changeInfo (entityIds, operation), stateTransition (from/to working|broken), impact
+        (severity, testsFailed, perfDelta) and free-form data. 'broke' marks the session broken, 'test_pass'
+        working. Set event.id to make retries safe: the same id returns the same seq with duplicate=true
+        and writes nothing. The actor is always you. Returns the event's seq and whether it was a duplicate."""
+        params = {"sessionId": sessionId, "event": event.model_dump(mode="json", by_alias=True, exclude_unset=True)}
+        return cast(Emitted, await self.call("event.emit", params))
+
+    async def get_session(self, sessionId: SessionId, condensed: Condensed = False, since: Since = 0,
+                          limit: Limit = None) -> SessionDetail:
+        """Read a session: its state, agents, seq, labels and last checkpoint, plus its events in seq order.
+        Use since (the last seq you saw) and limit to page through long histories, or condensed=true for a
+        summary: event counts by type, the entities touched with their counts, every working/broken
+        transition, the summed perfDelta and the last checkpoint. Fails with not found (-32004) when the
+        session does not exist in your namespace or has expired."""
+        params = {"sessionId": sessionId, "condensed": condensed, "since": since, "limit": limit}
+        return cast(SessionDetail, await self.call("session.get", params))
+
+    async def list_sessions(self, state: StateFilter = None, agentId: AgentFilter = None,
+                            limit: ListLimit = 50) -> SessionList:
+        """List the live sessions of your namespace, newest first, to find work to join or check on. Filter by
+        state ('working', 'broken', 'coordinating', 'completed') or by an agent that joined them. Returns
+        each session's id, state, agents, seq, labels, timestamps and last checkpoint."""
+        params = {"state": state, "agentId": agentId, "limit": limit}
+        return cast(SessionList, await self.call("session.list", params))
+
+    async def checkpoint_session(self, sessionId: SessionId, final: Final = False) -> Checkpoint:
+        """Summarise the events since the previous checkpoint and anchor the summary on the knowledge graph;
+        call it at a milestone, and with final=true when the task is done (the session is then completed).
+        A broken outcome also keeps every event of the session for later debugging. Returns the checkpoint
+        id, its outcome (the session state), whether it broke during the window, the key impacts, the
+        summed perfDelta, the actors and the entity ids touched."""
+        params = {"sessionId": sessionId, "final": final}
+        return cast(Checkpoint, await self.call("session.checkpoint", params))
+
+    async def get_transitions(self, sessionId: SessionId, entityId: EntityFilter = None) -> Transitions:
+        """Find when a session's code went from working to broken and back, to see which change broke
+        something and which fixed it. Optionally restrict to one entity. Returns each transition's
+        fromSeq and toSeq, the changeInfo and impact of the events involved, and, when known, the
+        surrounding knowledge-graph context. Works after the session expired, from its checkpoint anchors."""
+        params = {"sessionId": sessionId, "entityId": entityId}
+        return cast(Transitions, await self.call("bridge.transitions", params))
+
+    async def isolate_session(self, sessionId: SessionId, agentId: AgentId) -> Isolated:
+        """Separate one agent's contribution from the rest of a shared session, e.g. to judge or undo its
+        work. Returns that agent's events, the entities it touched with their recent anchors and counts,
+        and the total perfDelta it caused."""
+        params = {"sessionId": sessionId, "agentId": agentId}
+        return cast(Isolated, await self.call("bridge.isolate", params))
+
+    async def get_handoff_context(self, sessionId: SessionId) -> Handoff:
+        """Everything you need before taking over or joining someone else's session: call it first, then
+        join_session. Returns the session's state and agents, its last 10 changes, the knowledge-graph
+        context of the entities involved (related entities and their latest anchor) and a few sentences of
+        advice (e.g. fix the breakage first when it is broken). Works after the session expired, rebuilt from
+        its checkpoint anchors and failure snapshot."""
+        return cast(Handoff, await self.call("bridge.handoff", {"sessionId": sessionId}))
+
+    async def session_outcomes(self, clusterId: ClusterId, days: Days = 7) -> Outcomes:
+        """How work on one semantic cluster of the codebase has gone lately, to estimate the risk of
+        touching it. Returns the cluster's name, the titles of the specs it implements, the recent
+        sessions anchored on it, their average perfDelta and how many ended broken."""
+        params = {"clusterId": clusterId, "days": days}
+        return cast(Outcomes, await self.call("bridge.outcomes", params))
+
+    def registrations(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
+        """Every tool with its annotations, in the order clients list them."""
+        return [
+            (self.create_session, WRITE), (self.join_session, IDEMPOTENT), (self.emit_event, WRITE),
+            (self.get_session, READ), (self.list_sessions, READ), (self.checkpoint_session, WRITE),
+            (self.get_transitions, READ), (self.isolate_session, READ), (self.get_handoff_context, READ),
+            (self.session_outcomes, READ),
+        ]
+
+
+def build_server(registry: Registry, identity: Identity | None = None) -> MCPServer:
+    """The MCP server with every tool; `identity` fixes the caller (stdio), else each request's token does."""
+    server: MCPServer = MCPServer("memento-sessions", version=__version__, instructions=INSTRUCTIONS)
+    for tool, hints in Tools(registry, identity).registrations():
+        server.add_tool(tool, description=" ".join((tool.__doc__ or "").split()), annotations=hints)
+    return server

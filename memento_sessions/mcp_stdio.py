@@ -1,0 +1,53 @@
+"""`memento-sessions mcp`: the MCP tools on stdin/stdout, as the agent of MEMENTO_TOKEN.
+
+An MCP client spawns this command. It opens the same backends as the daemon (the configured URLs,
+else those of the daemon running on the data directory) and the same services, so its tools run
+the daemon's methods against the daemon's data.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import anyio
+
+from memento_sessions.auth import AuthError, Identity, verify_token
+from memento_sessions.backends import open_backends
+from memento_sessions.embedded.datadir import auth_secret
+from memento_sessions.endpoints import resolve
+from memento_sessions.errors import ConfigError
+from memento_sessions.mcp_server import build_server
+from memento_sessions.services import open_services
+from memento_sessions.settings import Settings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `mcp` sub-command."""
+    mcp = sub.add_parser("mcp", help="serve the MCP tools on stdin/stdout as the agent of MEMENTO_TOKEN "
+                         "(for MCP clients that spawn their servers)")
+    mcp.add_argument("--data-dir", help="data directory of a running daemon whose embedded servers to use")
+    mcp.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    """Verify the token, then serve until the client closes stdin."""
+    anyio.run(serve_stdio, settings, caller(settings))
+    return 0
+
+
+def caller(settings: Settings) -> Identity:
+    """The identity of MEMENTO_TOKEN; raises ConfigError when it is missing or not valid."""
+    if not settings.token:
+        raise ConfigError("MEMENTO_TOKEN is not set (print one with `memento-sessions token --agent ID`)")
+    try:
+        return verify_token(settings.auth_secret or auth_secret(settings.data_dir), settings.token)
+    except AuthError as exc:
+        raise ConfigError(f"invalid MEMENTO_TOKEN: {exc}") from None
+
+
+async def serve_stdio(settings: Settings, identity: Identity) -> None:
+    """The daemon's backends and services, with the tools on stdio as `identity`."""
+    endpoints = resolve(settings)
+    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends, \
+            open_services(settings, backends, endpoints.redis_url) as services:
+        await build_server(services.registry, identity).run_stdio_async()
