@@ -30,6 +30,12 @@ def configure_logging(log_format: str | None = None, level: str = "info") -> Non
     )
     # Libraries that use stdlib logging (uvicorn, mcp) go to stderr at warning and above.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    logging.getLogger("uvicorn.error").addFilter(_not_denial_noise)
+
+
+def _not_denial_noise(record: logging.LogRecord) -> bool:
+    """uvicorn logs every refused WebSocket handshake (our 401/503 denial responses) as an error."""
+    return "without completing handshake" not in record.getMessage()
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

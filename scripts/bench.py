@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,15 +30,15 @@ from websockets.asyncio.client import ClientConnection, connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from memento_sessions import keys  # noqa: E402
-from memento_sessions.auth import Identity, issue_token  # noqa: E402
-from memento_sessions.embedded.postgres import EmbeddedPostgres  # noqa: E402
-from memento_sessions.embedded.process import free_port  # noqa: E402
-from memento_sessions.embedded.redis import EmbeddedRedis  # noqa: E402
-from memento_sessions.logs import configure_logging  # noqa: E402
-from memento_sessions.sessions.manager import SessionManager, event_body, iso, now_ms  # noqa: E402
-from memento_sessions.sessions.models import EventIn  # noqa: E402
-from memento_sessions.settings import load_settings  # noqa: E402
+from memento_sessions import keys
+from memento_sessions.auth import Identity, issue_token
+from memento_sessions.embedded.postgres import EmbeddedPostgres
+from memento_sessions.embedded.process import free_port
+from memento_sessions.embedded.redis import EmbeddedRedis
+from memento_sessions.logs import configure_logging
+from memento_sessions.sessions.manager import SessionManager, event_body, iso, now_ms
+from memento_sessions.sessions.models import EventIn
+from memento_sessions.settings import load_settings
 
 SECRET = "bench-secret-0123456789-0123456789-abcdef"
 PAYLOAD: dict[str, Any] = {
@@ -237,8 +236,8 @@ async def handoff(env: Env, subscribers: int, per_second: int, count: int) -> li
         for n in range(subscribers):
             await tg.start(subscriber, env, sid, n, samples, count)
         async with ws(env, "emitter") as emitter:
-            await paced(per_second, count, lambda: emitter.call(
-                "event.emit", {"sessionId": sid, "event": {"type": "modified", "data": {"t0": time.perf_counter_ns()}}}))
+            await paced(per_second, count, lambda: emitter.call("event.emit", {
+                "sessionId": sid, "event": {"type": "modified", "data": {"t0": time.perf_counter_ns()}}}))
     return samples
 
 

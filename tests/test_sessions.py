@@ -78,7 +78,7 @@ async def test_every_key_carries_a_ttl_reset_by_activity_and_expires_alone(setti
     r2 = aioredis.Redis.from_url(settings.redis_url or "", decode_responses=True)
     settings_ttl = SessionManager(r2, settings)
     other = (await settings_ttl.create(alice))["sessionId"]
-    for key in keys.session_keys(namespace, other).all()[:1] + [keys.session_keys(namespace, other).agents]:
+    for key in [*keys.session_keys(namespace, other).all()[:1], keys.session_keys(namespace, other).agents]:
         assert 0 < await r.ttl(key) <= settings.session_ttl
     await r.aclose()
     await r2.aclose()
