@@ -253,6 +253,11 @@ class Subscription(_Feed[Event]):
             self._early.append(params)
             return
         seq = int(params["seq"])
+        epoch = params.get("epoch")
+        if epoch and self.epoch and epoch != self.epoch and not self._stale and not self._ended:
+            # The session was created anew under this id while we were subscribed: its history restarted.
+            self._push(HistoryLost(self.session_id, self.last_seq, seq, epoch))
+            self.epoch, self.last_seq = epoch, 0
         if self._stale or self._ended or (self.last_seq is not None and seq <= self.last_seq):
             return
         if self.full or (self.last_seq is not None and seq != self.last_seq + 1):

@@ -152,7 +152,13 @@ def frame_seq(frame: str) -> int | None:
     return int(frame[len(head):end])
 
 
-def event_frame(session_json: str, member: str, seq: Any) -> str:
+def frame_epoch(frame: str) -> str:
+    """The epoch of a `session.event` frame, which follows its seq: `{"seq":N,"epoch":"E",`."""
+    start = frame.index(',"epoch":"', 50) + 10
+    return frame[start:frame.index('"', start)]
+
+
+def event_frame(session_json: str, epoch: str, member: str, seq: Any) -> str:
     """The same frame the Function publishes, rebuilt from a stored ZSET member (for replays)."""
-    return ('{"jsonrpc":"2.0","method":"session.event","params":{"seq":' + str(int(seq)) +
-            ',"sessionId":' + session_json + ',"event":' + member + "}}")
+    return ('{"jsonrpc":"2.0","method":"session.event","params":{"seq":' + str(int(seq)) + ',"epoch":"' + epoch +
+            '","sessionId":' + session_json + ',"event":' + member + "}}")

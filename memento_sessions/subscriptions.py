@@ -15,7 +15,7 @@ from pydantic import Field
 
 from memento_sessions import keys
 from memento_sessions.errors import InvalidParams
-from memento_sessions.fanout import Fanout, event_frame, frame_seq
+from memento_sessions.fanout import Fanout, event_frame, frame_epoch, frame_seq
 from memento_sessions.logs import get_logger
 from memento_sessions.rpc import Call, Peer, Registry, Result
 from memento_sessions.sessions.manager import SessionManager
@@ -34,6 +34,7 @@ class Subscription:
         self.channel = keys.session_channel(namespace, session_id)
         self.session_json = pydantic_core.to_json(session_id).decode()
         self.last_seq = 0
+        self.epoch = ""
         self.live = False
         self.pending: list[str] = []
         self.closed = False
@@ -46,7 +47,12 @@ class Subscription:
         seq = frame_seq(data)
         if seq is None:
             self.peer.notify(data)
-        elif seq == self.last_seq + 1:
+            return
+        epoch = frame_epoch(data)
+        if epoch != self.epoch:
+            # The session was created anew under this id: its history restarts at seq 1.
+            self.epoch, self.last_seq = epoch, 0
+        if seq == self.last_seq + 1:
             self.last_seq = seq
             self.peer.notify(data)
         elif seq > self.last_seq + 1:
@@ -74,7 +80,7 @@ class Subscription:
             _, members = await self.manager.read(self.namespace, self.session_id, self.last_seq, REPLAY_CHUNK)
             for member in members:
                 seq = member_seq(member)
-                frame = event_frame(self.session_json, member, seq)
+                frame = event_frame(self.session_json, self.epoch, member, seq)
                 await self.peer.wait_room(len(frame))
                 self.peer.notify(frame)
                 self.last_seq = seq
@@ -134,6 +140,7 @@ class Subscriptions:
 
     async def _start(self, sub: Subscription, session: dict[str, Any], p: SubscribeParams) -> Result:
         seq, epoch = session["seq"], session["epoch"]
+        sub.epoch = epoch
         recovered = p.since is not None and p.since <= seq and (p.epoch is None or p.epoch == epoch)
         sub.last_seq = p.since if recovered and p.since is not None else seq
         # No await between here and the reply: the reply is queued before the first replayed event.

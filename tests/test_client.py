@@ -427,3 +427,25 @@ async def test_watch_announces_sessions_and_survives_a_cut(daemon: Daemon, names
             with anyio.fail_after(5):
                 assert (await announcements.__anext__())["sessionId"] == second
         assert watcher.reconnects == 1
+
+
+async def test_a_session_created_anew_while_subscribed_raises_history_lost_then_goes_on(
+        daemon: Daemon, namespace: str) -> None:
+    r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
+    async with client(daemon.port, "w", namespace) as writer, client(daemon.port, "r", namespace) as reader:
+        sid = (await writer.create_session(session_id="reborn"))["sessionId"]
+        async with reader.subscribe(sid) as sub:
+            await writer.emit_batch(sid, [{"type": "modified"}] * 2)
+            with anyio.fail_after(5):
+                assert [(await sub.__anext__()).seq for _ in range(2)] == [1, 2]
+            old_epoch = sub.epoch
+            await r.delete(*keys.session_keys(namespace, sid).all())
+            await writer.create_session(session_id=sid)
+            await writer.emit(sid, {"type": "broke"})
+            with pytest.raises(HistoryLost) as lost, anyio.fail_after(5):
+                await sub.__anext__()
+            assert (lost.value.last_seq, lost.value.seq) == (2, 1) and lost.value.epoch != old_epoch
+            with anyio.fail_after(5):
+                event = await sub.__anext__()
+            assert (event.seq, event.event["type"]) == (1, "broke") and sub.epoch == lost.value.epoch
+    await r.aclose()

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
+from memento_sessions import keys
 from memento_sessions.daemon import Daemon
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
@@ -191,3 +192,20 @@ async def test_two_daemon_processes_twenty_subscribers_five_emitters(backend_url
         assert seqs == list(range(1, 501))
 
 
+
+
+async def test_a_session_created_anew_under_the_same_id_restarts_at_seq_1_with_a_new_epoch(
+        daemon: Daemon, namespace: str) -> None:
+    r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        await a.call("session.create", {"sessionId": "again"})
+        first = await b.call("session.subscribe", {"sessionId": "again"})
+        await a.call("event.emitBatch", {"sessionId": "again", "events": [{"type": "modified"}] * 3})
+        old = [(await b.notification("session.event"))["params"] for _ in range(3)]
+        assert [(p["seq"], p["epoch"]) for p in old] == [(1, first["epoch"]), (2, first["epoch"]), (3, first["epoch"])]
+        await r.delete(*keys.session_keys(namespace, "again").all())  # as if Redis expired it
+        await a.call("session.create", {"sessionId": "again"})
+        await a.call("event.emit", {"sessionId": "again", "event": {"type": "broke"}})
+        new = (await b.notification("session.event"))["params"]
+        assert new["seq"] == 1 and new["epoch"] != first["epoch"] and new["event"]["type"] == "broke"
+    await r.aclose()

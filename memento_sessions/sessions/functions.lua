@@ -8,10 +8,10 @@ local function refresh(keys, ttl)
 end
 
 local function live_session(keys)
-  local state, ttl = unpack(redis.call('HMGET', keys[1], 'state', 'ttl'))
+  local state, ttl, epoch = unpack(redis.call('HMGET', keys[1], 'state', 'ttl', 'epoch'))
   if not state then return redis.error_reply('NOTFOUND session not found') end
   if state == 'completed' then return redis.error_reply('CONFLICT session is completed') end
-  return {state, tonumber(ttl)}
+  return {state, tonumber(ttl), epoch}
 end
 
 -- ARGV: now_ms, ttl, agent, epoch, labels_json, announce_channel, announce_frame, parent, forked_at
@@ -30,7 +30,7 @@ local function create(keys, args)
   return args[4]
 end
 
-local function emit_one(keys, sid_json, channel, id, body)
+local function emit_one(keys, sid_json, epoch, channel, id, body)
   if id ~= '' then
     local prior = redis.call('HGET', keys[4], id)
     if prior then return tonumber(prior), 1 end
@@ -40,7 +40,8 @@ local function emit_one(keys, sid_json, channel, id, body)
   local member = '{"seq":' .. seq .. ',' .. body
   redis.call('ZADD', keys[2], seq, member)
   redis.call('PUBLISH', channel,
-    '{"jsonrpc":"2.0","method":"session.event","params":{"seq":' .. seq .. ',"sessionId":' .. sid_json ..
+    '{"jsonrpc":"2.0","method":"session.event","params":{"seq":' .. seq .. ',"epoch":"' .. epoch ..
+    '","sessionId":' .. sid_json ..
     ',"event":' .. member .. '}}')
   return seq, 0
 end
@@ -53,7 +54,7 @@ local function emit(keys, args)
   local state = nil
   local out = {}
   for i = 5, #args, 3 do
-    local seq, dup = emit_one(keys, args[4], args[3], args[i], args[i + 2])
+    local seq, dup = emit_one(keys, args[4], live[3], args[3], args[i], args[i + 2])
     table.insert(out, seq); table.insert(out, dup)
     if dup == 0 and args[i + 1] ~= '' then state = args[i + 1] end
   end
