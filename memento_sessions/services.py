@@ -13,6 +13,8 @@ from starlette.types import ASGIApp
 
 from memento_sessions import keys
 from memento_sessions.backends import Backends
+from memento_sessions.bridge import SessionBridge
+from memento_sessions.bridge import methods as bridge_methods
 from memento_sessions.checkpoints import methods as checkpoint_methods
 from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
@@ -61,6 +63,7 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             session_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
+            bridge_methods.register(registry, SessionBridge(manager, backends))
             async with serve_mcp(settings, registry) as mcp_app:
                 yield Services(settings, backends, registry, manager, fanout, checkpointer, tg, mcp_app)
             tg.cancel_scope.cancel()

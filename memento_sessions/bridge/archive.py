@@ -1,0 +1,92 @@
+"""Where a session is read from: its live Redis keys, or, once they expired, its anchors and snapshot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import pydantic_core
+
+from memento_sessions import keys
+from memento_sessions.bridge.graph import NamespaceGraphs
+from memento_sessions.bridge.queries import SESSION_ANCHORS
+from memento_sessions.bridge.timeline import Event
+from memento_sessions.checkpoints.snapshots import Snapshot, Snapshots
+from memento_sessions.errors import NotFound
+from memento_sessions.sessions.manager import SessionManager, session_view
+
+Anchor = dict[str, Any]
+
+
+@dataclass
+class Record:
+    """A session as the bridge sees it: its view, its events in seq order and where they came from."""
+
+    session: dict[str, Any]
+    events: list[Event]
+    source: Literal["live", "archive"]
+    anchors: list[Anchor] | None = None  # loaded with the archive; the live path asks when it needs them
+    snapshot: str | None = None  # checkpoint id of the failure snapshot used, if any
+
+
+def decode(members: list[str]) -> list[Event]:
+    """Stored event JSON to dicts."""
+    return [pydantic_core.from_json(member) for member in members]
+
+
+async def read_live(manager: SessionManager, namespace: str, session_id: str, tail: int | None) -> Record:
+    """The live session with every event, or only its last `tail` events; NotFound once it expired."""
+    if tail is None:
+        session, members = await manager.read(namespace, session_id)
+        return Record(session, decode(members), "live")
+    skeys = keys.session_keys(namespace, session_id)
+    async with manager.redis.pipeline(transaction=True) as pipe:
+        pipe.hgetall(skeys.session)
+        pipe.smembers(skeys.agents)
+        pipe.pttl(skeys.session)
+        pipe.zrange(skeys.events, -tail, -1)
+        fields, agents, pttl, members = await pipe.execute()
+    if not fields:
+        raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
+    return Record(session_view(session_id, fields, list(agents), pttl), decode(members), "live")
+
+
+async def session_anchors(graphs: NamespaceGraphs, namespace: str, session_id: str) -> list[Anchor]:
+    """Every anchor the session left in the namespace's graph, oldest first, each with its `entityIds`."""
+    rows = await graphs.rows(namespace, SESSION_ANCHORS, {"sessionId": session_id})
+    anchors = [{**props, "entityIds": sorted(ids)} for props, ids in rows]
+    return sorted(anchors, key=lambda a: (stamp(a), str(a.get("checkpointId"))))
+
+
+def stamp(anchor: Anchor) -> float:
+    """An anchor's timestamp in epoch ms, whether stored as a number or as ISO-8601 text (0 if neither)."""
+    value = anchor.get("timestamp")
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() * 1000
+    except ValueError:
+        return 0.0
+
+
+async def latest_snapshot(snapshots: Snapshots, namespace: str, session_id: str) -> Snapshot | None:
+    """The session's newest failure snapshot; None when it has none or Postgres is off."""
+    if not snapshots.postgres.enabled:
+        return None
+    return await snapshots.latest_snapshot(namespace, session_id)
+
+
+async def read_archive(snapshots: Snapshots, graphs: NamespaceGraphs, namespace: str, session_id: str) -> Record:
+    """The expired session rebuilt from its anchors and failure snapshot; NotFound when it left neither."""
+    anchors = await session_anchors(graphs, namespace, session_id)
+    snapshot = await latest_snapshot(snapshots, namespace, session_id)
+    if not anchors and snapshot is None:
+        raise NotFound(f"session {session_id!r} not found, live or archived", {"sessionId": session_id})
+    events = sorted(snapshot.events, key=lambda e: int(e.get("seq") or 0)) if snapshot else []
+    state = anchors[-1].get("outcome") if anchors else snapshot.outcome if snapshot else None
+    agents = {actor for anchor in anchors for actor in anchor.get("actors") or []}
+    agents |= {str(event["actor"]) for event in events if event.get("actor")}
+    seqs = [int(a.get("toSeq") or 0) for a in anchors] + [int(e.get("seq") or 0) for e in events]
+    session = {"sessionId": session_id, "state": state, "agentIds": sorted(agents), "seq": max(seqs, default=0)}
+    return Record(session, events, "archive", anchors, snapshot.checkpoint_id if snapshot else None)

@@ -1,0 +1,187 @@
+"""SessionBridge: the questions agents ask about a session, answered from Redis events and the KG.
+
+Each query reads the live session through the SessionManager and, once its Redis keys expired,
+falls back to the session's KG anchors and Postgres failure snapshot; its result says which with
+`"source": "live"` or `"archive"`. Each costs one Redis and one graph round trip when live.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from memento_sessions.backends import Backends
+from memento_sessions.bridge import advice
+from memento_sessions.bridge.archive import Anchor, Record, read_archive, read_live, session_anchors, stamp
+from memento_sessions.bridge.graph import NamespaceGraphs
+from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT, TRANSITION_CONTEXT
+from memento_sessions.bridge.timeline import breakages, by_actor, perf_sum, touched
+from memento_sessions.checkpoints.snapshots import Snapshots
+from memento_sessions.errors import NotFound
+from memento_sessions.metrics import BRIDGE_QUERY_SECONDS
+from memento_sessions.sessions.manager import SessionManager, iso, now_ms
+
+Result = dict[str, Any]
+RECENT = 10
+DAY_MS = 86_400_000
+
+
+@contextmanager
+def timed(query: str) -> Iterator[None]:
+    """Observe the block's duration into memento_bridge_query_seconds{query}."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        BRIDGE_QUERY_SECONDS.labels(query).observe(time.perf_counter() - started)
+
+
+class SessionBridge:
+    """transitions, isolate, handoff and outcomes over one daemon's manager and backends."""
+
+    def __init__(self, manager: SessionManager, backends: Backends) -> None:
+        self.manager = manager
+        self.backends = backends
+        self.graphs = NamespaceGraphs(backends)
+        self.snapshots = Snapshots(backends.postgres)
+
+    async def transitions(self, ns: str, session_id: str, entity_id: str | None = None) -> Result:
+        """Every working-to-broken transition, with the KG context of the entities changed before it."""
+        with timed("transitions"):
+            record = await self._record(ns, session_id)
+            found = breakages(record.events, entity_id)
+            items = [b.view() for b in found]
+            windows = [list(b.window) for b in found]
+            if not record.events and record.anchors:
+                items, windows = anchor_breakages(record.anchors, entity_id)
+            context = await self._transition_context(ns, {e: None for w in windows for e in w})
+            for item, window in zip(items, windows, strict=True):
+                if kg := merge_context(context, window):
+                    item["kgContext"] = kg
+            return {"transitions": items, "source": record.source}
+
+    async def isolate(self, ns: str, session_id: str, agent_id: str) -> Result:
+        """One agent's events, the anchors of each entity it touched, and its total perfDelta."""
+        with timed("isolate"):
+            record = await self._record(ns, session_id)
+            anchors = record.anchors if record.anchors is not None else await session_anchors(
+                self.graphs, ns, session_id)
+            mine = by_actor(record.events, agent_id)
+            theirs = [a for a in anchors if agent_id in (a.get("actors") or [])]
+            # Without the agent's events (expired, no snapshot) its anchors are all that says what it touched.
+            entities = touched(mine) if mine else [entity for a in theirs for entity in a["entityIds"]]
+            impacts = []
+            for entity in sorted(set(entities)):
+                found = [anchor_view(a) for a in reversed(theirs) if entity in a["entityIds"]]
+                impacts.append({"entityId": entity, "anchors": found, "count": len(found)})
+            total = perf_sum(mine) if mine else sum(float(a.get("perfDelta") or 0.0) for a in theirs)
+            return {"agentId": agent_id, "events": mine, "impacts": impacts, "totalPerfDelta": total,
+                    "source": record.source}
+
+    async def handoff(self, ns: str, session_id: str) -> Result:
+        """What a joining agent needs: state, agents, the last 10 events and the KG around what they changed."""
+        with timed("handoff"):
+            record = await self._record(ns, session_id, tail=RECENT)
+            recent = record.events[-RECENT:]
+            ids = touched(recent) or (record.anchors[-1]["entityIds"] if record.anchors else [])
+            context = await self._handoff_context(ns, ids)
+            session = record.session
+            return {"sessionId": session_id, "state": session["state"], "agentIds": session["agentIds"],
+                    "recentChanges": recent, "kgContext": context,
+                    "joiningAdvice": advice.joining(record, recent, ids), "source": record.source}
+
+    async def outcomes(self, ns: str, cluster_id: str, days: int = 7) -> Result:
+        """A cluster's name, its specs' titles and the anchors its members got in the last `days` days."""
+        with timed("outcomes"):
+            since = now_ms() - days * DAY_MS
+            rows = await self.graphs.rows(ns, CLUSTER_OUTCOMES, {"clusterId": cluster_id, "sinceIso": iso(since),
+                                                                 "sinceMs": since})
+            name, titles, pairs = rows[0] if rows else (None, [], [])
+            recent = cluster_anchors(pairs)
+            deltas = [float(a["perfDelta"]) for a in recent if isinstance(a.get("perfDelta"), int | float)]
+            return {"clusterName": name, "specTitles": sorted(titles), "recentSessions": recent,
+                    "avgPerfDelta": sum(deltas) / len(deltas) if deltas else None,
+                    "brokenCount": sum(1 for a in recent if a.get("outcome") == "broken")}
+
+    async def _record(self, ns: str, session_id: str, tail: int | None = None) -> Record:
+        try:
+            return await read_live(self.manager, ns, session_id, tail)
+        except NotFound:
+            return await read_archive(self.snapshots, self.graphs, ns, session_id)
+
+    async def _transition_context(self, ns: str, ids: dict[str, None]) -> dict[str, Result]:
+        if not ids:
+            return {}
+        context: dict[str, Result] = {}
+        for entities, specs, clusters, benches in await self.graphs.rows(ns, TRANSITION_CONTEXT, {"ids": list(ids)}):
+            for entity in entities:
+                found = context.setdefault(entity, {"specs": set(), "clusters": set(), "benchmarks": {}})
+                found["specs"].update(specs)
+                found["clusters"].update(clusters)
+                found["benchmarks"].update(map(tuple, benches))
+        return context
+
+    async def _handoff_context(self, ns: str, ids: Sequence[str]) -> list[Result]:
+        if not ids:
+            return []
+        rows = await self.graphs.rows(ns, HANDOFF_CONTEXT, {"ids": list(ids)})
+        found = {eid: {"entityId": eid, "related": related_view(related), "lastAnchor": last}
+                 for eid, related, last in rows}
+        return [found[eid] for eid in ids if eid in found]
+
+
+def merge_context(context: dict[str, Result], window: Sequence[str]) -> Result | None:
+    """Specs, clusters and benchmarks around the window's entities; None when the graph knows none of them."""
+    known = [entity for entity in window if any(context.get(entity, {}).values())]
+    if not known:
+        return None
+    specs = {title for e in known for title in context[e]["specs"] if title is not None}
+    clusters = {name for e in known for name in context[e]["clusters"] if name is not None}
+    benchmarks = {bid: delta for e in known for bid, delta in context[e]["benchmarks"].items()}
+    return {"entityIds": known, "specTitles": sorted(specs), "clusterNames": sorted(clusters),
+            "benchmarkDelta": float(sum(delta or 0.0 for delta in benchmarks.values()))}
+
+
+def anchor_breakages(anchors: Sequence[Anchor], entity_id: str | None) -> tuple[list[Result], list[list[str]]]:
+    """Transitions known only from anchors (no events left): each checkpoint window that broke, by its seqs."""
+    items: list[Result] = []
+    windows: list[list[str]] = []
+    for anchor in anchors:
+        if anchor.get("brokeDuring") and (entity_id is None or entity_id in anchor["entityIds"]):
+            items.append({"fromSeq": anchor.get("fromSeq"), "toSeq": anchor.get("toSeq"),
+                          "checkpointId": anchor.get("checkpointId"),
+                          "changeInfo": {"entityIds": anchor["entityIds"]},
+                          "impact": {"perfDelta": anchor.get("perfDelta"), "keyImpacts": anchor.get("keyImpacts")}})
+            windows.append(anchor["entityIds"])
+    return items, windows
+
+
+def anchor_view(anchor: Anchor) -> Anchor:
+    """An anchor's own properties, without the entity list the bridge joined to it."""
+    return {key: value for key, value in anchor.items() if key != "entityIds"}
+
+
+def related_view(rows: Sequence[Sequence[Any]]) -> list[Result]:
+    """`[label, relationship, id, name, perfDelta]` rows as maps, sorted by label then id."""
+    seen: dict[tuple[str, str], Result] = {}
+    for label, relation, node_id, name, perf in rows:
+        if node_id is None:
+            continue
+        item: Result = {"id": node_id, "label": label, "relation": relation, "name": name}
+        if label == "Benchmark":
+            item["perfDelta"] = perf
+        seen[(label, node_id)] = item
+    return [seen[key] for key in sorted(seen)]
+
+
+def cluster_anchors(pairs: Sequence[Sequence[Any]]) -> list[Anchor]:
+    """Distinct anchors (by checkpointId) with the member entities each touched, newest first."""
+    merged: dict[str, Anchor] = {}
+    for entity, props in pairs:
+        if props is None:
+            continue
+        anchor = merged.setdefault(str(props.get("checkpointId")), {**props, "entityIds": []})
+        anchor["entityIds"] = sorted({*anchor["entityIds"], entity})
+    return sorted(merged.values(), key=lambda a: (-stamp(a), str(a.get("checkpointId"))))

@@ -1,0 +1,87 @@
+"""What a session's events say, without I/O: breakages, an agent's share, the entities touched."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+Event = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Breakage:
+    """One working-to-broken transition and every entity changed since the session last worked."""
+
+    from_seq: int
+    event: Event
+    window: tuple[str, ...]
+
+    def view(self) -> dict[str, Any]:
+        """The `{fromSeq, toSeq, changeInfo, impact}` of SPEC section 6."""
+        return {"fromSeq": self.from_seq, "toSeq": self.event.get("seq"),
+                "changeInfo": self.event.get("changeInfo"), "impact": self.event.get("impact")}
+
+
+def new_state(event: Event) -> str | None:
+    """The state an event sets: its stateTransition.to, else broken for `broke`, working for `test_pass`."""
+    transition = event.get("stateTransition")
+    if transition:
+        to: str = transition["to"]
+        return to
+    return {"broke": "broken", "test_pass": "working"}.get(event.get("type", ""))
+
+
+def entity_ids(event: Event) -> list[str]:
+    """The entities an event changed (`changeInfo.entityIds`)."""
+    ids: list[str] = (event.get("changeInfo") or {}).get("entityIds") or []
+    return ids
+
+
+def breakages(events: Iterable[Event], entity_id: str | None = None) -> list[Breakage]:
+    """Every working-to-broken transition, in seq order, optionally only those whose window touched `entity_id`.
+
+    `fromSeq` is the last event that showed the session working (`start`, `test_pass`, or a transition to
+    working; 0 when none did), so the events after it up to `toSeq` are the suspects, and the window is
+    every entity they changed.
+    """
+    found: list[Breakage] = []
+    state, last_ok, window = "working", 0, dict[str, None]()
+    for event in events:
+        window.update(dict.fromkeys(entity_ids(event)))
+        new = new_state(event)
+        if new == "broken" and state == "working" and (entity_id is None or entity_id in window):
+            found.append(Breakage(last_ok, event, tuple(window)))
+        state = new or state
+        if state == "working" and (new == "working" or event.get("type") == "start"):
+            last_ok, window = int(event["seq"]), {}
+    return found
+
+
+def by_actor(events: Iterable[Event], agent_id: str) -> list[Event]:
+    """The events an agent emitted."""
+    return [event for event in events if event.get("actor") == agent_id]
+
+
+def touched(events: Iterable[Event]) -> list[str]:
+    """Every entity the events changed, in order of first change."""
+    seen: dict[str, None] = {}
+    for event in events:
+        seen.update(dict.fromkeys(entity_ids(event)))
+    return list(seen)
+
+
+def perf_sum(events: Iterable[Event]) -> float:
+    """The sum of `impact.perfDelta` over the events."""
+    return float(sum((event.get("impact") or {}).get("perfDelta") or 0.0 for event in events))
+
+
+def last_break(events: Sequence[Event]) -> Event | None:
+    """The latest event among `events` that set the state to broken, unless a later one set it working."""
+    for event in reversed(events):
+        state = new_state(event)
+        if state == "working":
+            return None
+        if state == "broken":
+            return event
+    return None
