@@ -1,13 +1,15 @@
 """Real backends for the whole test session: the embedded redis-server (with FalkorDB) and Postgres.
 
-Set MEMENTO_TEST_REDIS_URL / MEMENTO_TEST_POSTGRES_DSN to use servers of your own instead; with a
-reachable Docker engine and testcontainers installed, MEMENTO_TEST_DOCKER=1 starts containers.
+Set MEMENTO_TEST_REDIS_URL / MEMENTO_TEST_POSTGRES_DSN to use servers of your own instead. When a
+Docker engine is reachable and testcontainers is installed, containers are started instead of the
+embedded servers (MEMENTO_TEST_DOCKER=0 turns that off).
 Each test is isolated by its own namespace, never by FLUSHALL.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,7 +38,7 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
     """Redis+FalkorDB and Postgres for every test of the session."""
     redis_url = os.environ.get("MEMENTO_TEST_REDIS_URL")
     postgres_dsn = os.environ.get("MEMENTO_TEST_POSTGRES_DSN")
-    if os.environ.get("MEMENTO_TEST_DOCKER") == "1" and not (redis_url and postgres_dsn):
+    if docker_reachable() and not (redis_url and postgres_dsn):
         yield from _containers()
         return
     base = tmp_path_factory.mktemp("backends")
@@ -56,6 +58,24 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
     finally:
         for server in started:
             server.stop()
+
+
+def docker_reachable() -> bool:
+    """A Docker engine answers on its socket and testcontainers is importable."""
+    if os.environ.get("MEMENTO_TEST_DOCKER") == "0":
+        return False
+    try:
+        import testcontainers  # noqa: F401
+    except ImportError:
+        return False
+    path = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock").removeprefix("unix://")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(0.5)
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
+    return True
 
 
 def _containers() -> Iterator[Endpoints]:  # pragma: no cover - needs a Docker engine
