@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 from collections.abc import AsyncIterator
@@ -145,6 +146,10 @@ class Daemon:
         if self.servers:
             write_runtime(self.settings, endpoints, self.port)
         tg.start_soon(self._started, task_status)
+        # Everything built so far lives as long as the daemon: keep it out of the collector's full passes,
+        # which otherwise cost tens of ms (about 0.5 us per object) in the middle of a request.
+        gc.collect()
+        gc.freeze()
         log.info("listening", host=self.settings.host, port=self.port)
         await self._server.serve(sockets=[sock])
 
