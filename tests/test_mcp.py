@@ -6,7 +6,6 @@ client gets for the same call, on the same daemon and the same Redis.
 
 from __future__ import annotations
 
-import inspect
 import os
 import subprocess
 import sys
@@ -24,10 +23,10 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
-from memento_sessions import services
 from memento_sessions.daemon import Daemon
 from memento_sessions.endpoints import Endpoints
-from tests.conftest import SECRET, token
+from memento_sessions.settings import Settings
+from tests.conftest import SECRET, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
@@ -38,12 +37,14 @@ HEADERS = {"accept": "application/json, text/event-stream", "content-type": "app
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
 LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-# Until open_services registers bridge.* (being built beside this), those tests must fail; once it does, they run.
-BRIDGE_WIRED = "bridge" in inspect.getsource(services.open_services)
-needs_bridge = pytest.mark.xfail(not BRIDGE_WIRED, strict=True, reason="bridge.handoff, bridge.transitions, "
-                                 "bridge.isolate and bridge.outcomes are not registered by open_services yet")
 
 Connect = Callable[[str], AbstractAsyncContextManager[ClientSession]]
+CHECKPOINT_EVERY = 1000  # no automatic checkpoint lands between the MCP read and the WebSocket read
+
+
+@pytest.fixture
+def settings(backend_urls: Endpoints, tmp_path: Path) -> Settings:
+    return make_settings(backend_urls, tmp_path, checkpoint_every=CHECKPOINT_EVERY)
 
 
 @asynccontextmanager
@@ -58,7 +59,8 @@ async def over_http(port: int, tok: str) -> AsyncIterator[ClientSession]:
 
 def stdio_env(urls: Endpoints, data_dir: Path, tok: str | None) -> dict[str, str]:
     env = {"MEMENTO_REDIS_URL": urls.redis_url, "MEMENTO_POSTGRES_DSN": urls.postgres_dsn or "off",
-           "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_DATA_DIR": str(data_dir), "MEMENTO_LOG_LEVEL": "warning"}
+           "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_DATA_DIR": str(data_dir), "MEMENTO_LOG_LEVEL": "warning",
+           "MEMENTO_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY)}
     return env | ({"MEMENTO_TOKEN": tok} if tok else {})
 
 
@@ -215,7 +217,6 @@ async def feed_bridge(mcp: ClientSession, ws: RpcSocket) -> str:
     return sid
 
 
-@needs_bridge
 async def test_handoff_context_shows_what_a_websocket_client_sees(connect: Connect, daemon: Daemon,
                                                                   namespace: str) -> None:
     async with connect(token("lead", namespace)) as mcp, rpc(daemon.port, token("helper", namespace)) as ws:
@@ -226,7 +227,6 @@ async def test_handoff_context_shows_what_a_websocket_client_sees(connect: Conne
         assert steady(handoff) == steady(await ws.call("bridge.handoff", {"sessionId": sid}))
 
 
-@needs_bridge
 async def test_bridge_tools_return_the_bridge_methods_results(connect: Connect, daemon: Daemon,
                                                              namespace: str) -> None:
     async with connect(token("lead", namespace)) as mcp, rpc(daemon.port, token("helper", namespace)) as ws:
