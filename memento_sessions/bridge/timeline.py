@@ -7,11 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 Event = dict[str, Any]
+# The KG context of a breakage covers the entities changed last before it: the likeliest culprits, and a
+# bound on the graph work (50 breakages of a 1,000-event session would otherwise ask about thousands).
+SUSPECTS = 5
 
 
 @dataclass(frozen=True, slots=True)
 class Breakage:
-    """One working-to-broken transition and every entity changed since the session last worked."""
+    """One working-to-broken transition and the entities changed last since the session last worked."""
 
     from_seq: int
     event: Event
@@ -43,15 +46,17 @@ def breakages(events: Iterable[Event], entity_id: str | None = None) -> list[Bre
 
     `fromSeq` is the last event that showed the session working (`start`, `test_pass`, or a transition to
     working; 0 when none did), so the events after it up to `toSeq` are the suspects, and the window is
-    every entity they changed.
+    the last SUSPECTS distinct entities they changed (a re-changed entity counts as changed last).
     """
     found: list[Breakage] = []
     state, last_ok, window = "working", 0, dict[str, None]()
     for event in events:
-        window.update(dict.fromkeys(entity_ids(event)))
+        for entity in entity_ids(event):
+            window.pop(entity, None)
+            window[entity] = None
         new = new_state(event)
         if new == "broken" and state == "working" and (entity_id is None or entity_id in window):
-            found.append(Breakage(last_ok, event, tuple(window)))
+            found.append(Breakage(last_ok, event, tuple(window)[-SUSPECTS:]))
         state = new or state
         if state == "working" and (new == "working" or event.get("type") == "start"):
             last_ok, window = int(event["seq"]), {}
