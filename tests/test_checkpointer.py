@@ -84,7 +84,7 @@ async def test_ending_broken_keeps_a_snapshot_of_every_event_and_completes(daemo
         assert session["state"] == "completed" and session["lastCheckpoint"]["id"] == result["checkpointId"]
     assert await snapshot_rows(backend_urls.postgres_dsn or "", sid) == [(result["checkpointId"], 8)]
     anchors = await anchors_on(backend_urls, namespace, "fn:x")
-    assert anchors[0]["externalRef"] == f"session_snapshots:{result['snapshotId']}"
+    assert anchors[0]["externalRef"] == f"session_snapshots/checkpoint_id={result['checkpointId']}"
     r = aioredis.Redis.from_url(backend_urls.redis_url)
     for key in keys.session_keys(namespace, sid).all()[:3]:
         assert 0 < await r.ttl(key) <= daemon.settings.checkpoint_grace_ttl

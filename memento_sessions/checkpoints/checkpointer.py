@@ -10,7 +10,8 @@ twice. A snapshot that Postgres cannot take now is retried with backoff in the b
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -43,6 +44,22 @@ SNAPSHOT_TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT, TimeoutError)
 def checkpoint_id(session_id: str, seq: int, final: bool) -> str:
     """Deterministic per window: the same window gives the same id on every daemon."""
     return f"cp-{session_id}-{seq}{'-final' if final else ''}"
+
+
+@contextmanager
+def unwrap_group() -> Iterator[None]:
+    """Let a single failure of a task group surface as itself (a JSON-RPC error), not as a group."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+
+
+def snapshot_ref(cp_id: str) -> str:
+    """An anchor's externalRef: the failure snapshot row with this checkpoint_id."""
+    return f"session_snapshots/checkpoint_id={cp_id}"
 
 
 class Checkpointer:
@@ -140,21 +157,26 @@ class Checkpointer:
         summary = aggregate(events, session["state"])
         cp_id = checkpoint_id(session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
-        if summary.outcome == "broken":
-            result.update(await self._snapshot(namespace, session_id, cp_id))
-        await self._anchor(namespace, session_id, cp_id, summary, result.get("snapshotId"))
+        broken = summary.outcome == "broken"
+        with unwrap_group():
+            async with anyio.create_task_group() as tg:  # the graph and Postgres writes are independent
+                tg.start_soon(self._anchor, namespace, session_id, cp_id, summary, broken)
+                if broken:
+                    result.update(await self._snapshot(namespace, session_id, cp_id, events if not last else None))
         await self._mark(namespace, session_id, cp_id, session["seq"], result, final)
         CHECKPOINTS.labels(summary.outcome).inc()
         log.info("checkpoint", session_id=session_id, checkpoint_id=cp_id, outcome=summary.outcome,
                  ms=round((time.perf_counter() - started) * 1000, 2))
         return result
 
-    async def _snapshot(self, namespace: str, session_id: str, cp_id: str) -> dict[str, Any]:
-        """Store every event of the session; if Postgres is away, retry in the background."""
+    async def _snapshot(self, namespace: str, session_id: str, cp_id: str,
+                        events: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """Store every event of the session (`events` when the window is all of them); retry later if need be."""
         if not self.backends.postgres.enabled:
             return {}
-        _, members = await self.manager.read(namespace, session_id)
-        events = [pydantic_core.from_json(member) for member in members]
+        if events is None:
+            _, members = await self.manager.read(namespace, session_id)
+            events = [pydantic_core.from_json(member) for member in members]
         try:
             with anyio.fail_after(2.0):
                 snapshot_id = await self.snapshots.store_snapshot(namespace, session_id, cp_id, "broken", events)
@@ -179,10 +201,10 @@ class Checkpointer:
         if self._tg is not None:
             self._tg.start_soon(retry)
 
-    async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary,
-                      snapshot_id: int | None) -> None:
+    async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary, broken: bool) -> None:
         graph = await self.graphs.get(namespace)
-        ref = f"session_snapshots:{snapshot_id}" if snapshot_id is not None else None
+        # The snapshot row is named by its checkpoint id, known before the row exists (or while it is retried).
+        ref = snapshot_ref(cp_id) if broken and self.backends.postgres.enabled else None
         for attempt in range(3):
             try:
                 links = await write_anchor(graph, cp_id, session_id, summary, datetime.now(UTC),
