@@ -7,6 +7,12 @@ work (the floor) side by side, and prints a table and one JSON line.
 
     .venv/bin/python scripts/bench.py            # full run (a few minutes)
     .venv/bin/python scripts/bench.py --quick    # under a minute
+    .venv/bin/python scripts/bench.py --peers    # also the peers, on the same Redis and Postgres
+
+With --peers, the OpenAI Agents SDK and Google ADK are installed from PyPI into their own
+virtualenv (.bench-peers-venv/, made once and reused; never the project's), and
+scripts/bench_peers.py runs there against this run's servers. Their rows show memento's figure as
+the value and the peer's as the floor, so the ratio is memento / peer.
 """
 
 from __future__ import annotations
@@ -210,6 +216,29 @@ async def concurrently(n: int, work: Callable[[int], Awaitable[None]]) -> float:
     return n / (time.perf_counter() - start)
 
 
+async def bench_emit_concurrent(env: Env) -> Figure:
+    """64 agents emitting in-process into one shared session at once (no WebSocket)."""
+    manager = env.manager()
+    await manager.start()
+    agents, per_agent = 64, (40 if env.quick else 150)
+    sid, event = await new_session(env, manager), EventIn.model_validate(PAYLOAD)
+
+    async def agent(n: int) -> None:
+        who = env.who(f"agent{n}")
+        for _ in range(per_agent):
+            await manager.emit(who, sid, event)
+
+    ours = await concurrently(agents, agent) * per_agent
+    fkeys, fargs = floor_args(env, await new_session(env, manager))
+
+    async def floor_agent(_: int) -> None:
+        for _ in range(per_agent):
+            await env.redis.fcall("ms_emit", 4, *fkeys, *fargs)
+
+    floor = await concurrently(agents, floor_agent) * per_agent
+    return Figure("emit, in-process, 64 concurrent", "events/s", ours, floor)
+
+
 # --- fan-out --------------------------------------------------------------------------------------------------
 
 
@@ -361,13 +390,77 @@ async def bench_memory(env: Env) -> list[Figure]:
             Figure("Redis memory per idle session", "bytes", per_session, None, "", higher_is_better=False)]
 
 
+# --- peers ----------------------------------------------------------------------------------------------------
+
+PEERS_VENV = Path(__file__).resolve().parent.parent / ".bench-peers-venv"
+PEERS_SCRIPT = Path(__file__).resolve().parent / "bench_peers.py"
+# Pinned so that runs compare. SQLAlchemy and asyncpg by hand: ADK's "db" extra also pulls in Spanner. hiredis
+# because the project's redis-py has it: the peer gets the same client and parser.
+PEER_PACKAGES = ["openai-agents[redis]==0.24.0", "google-adk==2.13.0", "sqlalchemy[asyncio]>=2,<3", "asyncpg>=0.29",
+                 "hiredis>=3"]
+PEER_ROWS = [  # row name, memento's figure of this run, peer, peer's figure, target
+    ("memento / Agents SDK RedisSession.add_items, seq", "emit, in-process, sequential", "agents_sdk",
+     "sequential_per_s", ">= 5 x peer"),
+    ("memento / Agents SDK RedisSession.add_items, 64 agents", "emit, in-process, 64 concurrent", "agents_sdk",
+     "concurrent_per_s", ""),
+    ("memento / ADK DatabaseSessionService.append_event, seq", "emit, in-process, sequential", "adk",
+     "sequential_per_s", ">= 25 x peer"),
+]
+
+
+def peers_venv() -> Path:
+    """The python of the peers' own virtualenv, made or brought up to PEER_PACKAGES when needed."""
+    python, marker = PEERS_VENV / "bin" / "python", PEERS_VENV / "memento-peers.txt"
+    wanted = "\n".join(PEER_PACKAGES)
+    if python.exists() and marker.exists() and marker.read_text() == wanted:
+        return python
+    print(f"bench: installing the peers into {PEERS_VENV} (minutes, once) ...", file=sys.stderr, flush=True)
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(PEERS_VENV)], check=True)
+    subprocess.run([str(python), "-m", "pip", "install", "--progress-bar", "off", *PEER_PACKAGES],
+                   stdout=sys.stderr, check=True)
+    marker.write_text(wanted)
+    return python
+
+
+async def bench_peers(env: Env, python: Path, figures: list[Figure]) -> list[Figure]:
+    """The peers' appends on this run's Redis and Postgres, each beside memento's emit of this run."""
+    print("bench: peers ...", file=sys.stderr, flush=True)
+    seq, per_agent, adk = (300, 5, 200) if env.quick else (3000, 40, 2000)
+    done = await anyio.run_process(
+        [str(python), str(PEERS_SCRIPT), "--redis-url", env.redis_url,
+         "--postgres-dsn", env.postgres_dsn, "--payload", json.dumps(PAYLOAD), "--sequential", str(seq),
+         "--agents", "64", "--per-agent", str(per_agent), "--adk-sequential", str(adk)], stderr=None)
+    peers = json.loads(done.stdout.decode().splitlines()[-1])
+    print(peers_note(peers))
+    ours = {f.name: f.value for f in figures}
+    rows = [Figure(name, "events/s", ours[mine], peers[peer][key], target)
+            for name, mine, peer, key, target in PEER_ROWS]
+    for row in rows:
+        judge(row)
+    return rows
+
+
+def peers_note(peers: dict[str, Any]) -> str:
+    """What each peer row measured, in words."""
+    sdk, adk = peers["agents_sdk"], peers["adk"]
+    return (f"peers (value = memento's in-process emit of this run, floor = the peer, ratio = memento / peer): "
+            f"openai-agents {sdk['version']} {sdk['api']} ({sdk['client']}) with PAYLOAD as {sdk['payload_as']}, "
+            f"{sdk['redis_commands_per_append']:g} Redis commands per append (memento: 1 FCALL), "
+            f"{sdk['sequential_count']} sequential on one session, {sdk['concurrent_agents']} agents x "
+            f"{sdk['concurrent_per_agent']} concurrent, {sdk['concurrent_shape']} (memento's: one shared session); "
+            f"google-adk {adk['version']} {adk['api']} on {adk['driver']} with PAYLOAD as {adk['payload_as']}, "
+            f"{adk['sql_statements_per_append']:g} SQL statements per append, "
+            f"{adk['sequential_count']} sequential on one session.")
+
+
 # --- driver ---------------------------------------------------------------------------------------------------
 
 
 def judge(figure: Figure) -> None:
     """Set `met` from the target text."""
     t, ratio = figure.target, figure.ratio
-    if t.startswith(">=") and "x floor" in t and ratio is not None:
+    if t.startswith(">=") and ("x floor" in t or "x peer" in t) and ratio is not None:
         figure.met = ratio >= float(t.split()[1])
     elif t.startswith("p99 <"):
         figure.met = figure.value < float(t.split()[2])
@@ -415,6 +508,7 @@ async def wait_port(port: int) -> None:
 
 SECTIONS: dict[str, Callable[[Env], Awaitable[Figure | list[Figure]]]] = {
     "emit": bench_emit_sequential,
+    "emit-64": bench_emit_concurrent,
     "batch": bench_emit_batch,
     "ws-ingest": bench_ws_ingest,
     "handoff-100": lambda env: bench_handoff(env, 100, 100),
@@ -427,6 +521,7 @@ SECTIONS: dict[str, Callable[[Env], Awaitable[Figure | list[Figure]]]] = {
 
 async def run(args: argparse.Namespace) -> None:
     configure_logging("console", "warning")
+    peers = peers_venv() if args.peers else None  # before the servers: the install is not timed
     with tempfile.TemporaryDirectory(prefix="memento-bench-") as tmp:
         data = Path(tmp)
         redis_server, postgres = EmbeddedRedis(data / "redis"), EmbeddedPostgres(data / "postgres")
@@ -437,6 +532,8 @@ async def run(args: argparse.Namespace) -> None:
                 client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
                 env = Env(redis_server.url, postgres.url, port, client, args.quick)
                 figures = await measure(env, args.only)
+                if peers:
+                    figures += await bench_peers(env, peers, figures)
                 await client.aclose()
         finally:
             redis_server.stop()
@@ -461,7 +558,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller counts: a run of under a minute")
     parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
+    parser.add_argument("--peers", action="store_true", help="also the Agents SDK and ADK (own virtualenv)")
     args = parser.parse_args()
+    if args.peers and args.only:  # the peer rows are ratios to these two
+        args.only += [name for name in ("emit", "emit-64") if name not in args.only]
     anyio.run(run, args)
 
 
