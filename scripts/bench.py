@@ -18,6 +18,7 @@ the value and the peer's as the floor, so the ratio is memento / peer.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -35,6 +36,9 @@ import redis.asyncio as aioredis
 from websockets.asyncio.client import ClientConnection, connect
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_kg
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity, issue_token
@@ -516,6 +520,8 @@ SECTIONS: dict[str, Callable[[Env], Awaitable[Figure | list[Figure]]]] = {
     "fanout-1000": bench_fanout_1000,
     "replay": bench_replay,
     "memory": bench_memory,
+    "checkpoint": lambda env: bench_kg.bench_checkpoint(env),
+    "bridge": lambda env: bench_kg.bench_bridge(env),
 }
 
 
@@ -547,6 +553,8 @@ async def measure(env: Env, only: list[str] | None) -> list[Figure]:
         if only and name not in only:
             continue
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        gc.collect()
+        gc.freeze()  # as the daemon does after start-up: in-process sections run with the same GC setting
         result = await section(env)
         for figure in result if isinstance(result, list) else [result]:
             judge(figure)
