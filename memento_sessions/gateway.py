@@ -21,6 +21,7 @@ from memento_sessions.auth import AuthError, Identity, bearer, verify_token
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_MESSAGES_SENT, WS_SLOW_CLOSES
 from memento_sessions.rpc import Call, Registry, handle_frame
+from memento_sessions.wsframes import DirectWriter, take_batch
 
 log = get_logger(__name__)
 SLOW_CONSUMER = 4008
@@ -35,6 +36,8 @@ class Connection:
         self.conn_id = uuid.uuid4().hex[:12]
         self.identity = identity
         self._send = send
+        self._direct = DirectWriter.behind(send)
+        self._sending = False
         self._limit = limit_bytes
         self._out: deque[str] = deque()
         self._queued = 0
@@ -55,6 +58,10 @@ class Connection:
             WS_SLOW_CLOSES.inc()
             log.warning("closing slow consumer", conn_id=self.conn_id, queued_bytes=self._queued)
             self.close(SLOW_CONSUMER)
+            return
+        if self._direct is not None and not self._out and not self._sending and self._direct.ready():
+            self._direct.write((frame,))  # nothing queued or in flight: order is kept
+            WS_MESSAGES_SENT.inc()
             return
         self._out.append(frame)
         self._queued += len(frame)
@@ -90,15 +97,29 @@ class Connection:
             await self._wakeup.wait()
             self._wakeup = anyio.Event()
             while self._out:
-                frame = self._out.popleft()
-                self._queued -= len(frame)
-                await self._send({"type": "websocket.send", "text": frame})
-                WS_MESSAGES_SENT.inc()
+                await self._send_some()
                 self._drained.set()
             if self.close_code is not None:
                 with anyio.move_on_after(CLOSE_TIMEOUT):
                     await self._send({"type": "websocket.close", "code": self.close_code})
                 return
+
+    async def _send_some(self) -> None:
+        """A batch straight to the transport when it takes data, else one frame through ASGI `send`."""
+        if self._direct is not None and self._direct.ready():
+            batch, size = take_batch(self._out)
+            self._queued -= size
+            self._direct.write(batch)
+            WS_MESSAGES_SENT.inc(len(batch))
+            return
+        frame = self._out.popleft()
+        self._queued -= len(frame)
+        self._sending = True  # popped but not yet written: notify must queue behind it
+        try:
+            await self._send({"type": "websocket.send", "text": frame})
+        finally:
+            self._sending = False
+        WS_MESSAGES_SENT.inc()
 
     def run_cleanups(self) -> None:
         """Detach from every subscription; safe to call twice."""

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_kg
+from bench_receivers import lean_pubsub, lean_subscriber
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity, issue_token
@@ -260,26 +261,27 @@ async def receive_latencies(conn: ClientConnection, samples: list[float], count:
         got += 1
 
 
-async def handoff(env: Env, subscribers: int, per_second: int, count: int) -> list[float]:
-    """Latency samples of event.emit (A) to session.event (B) at a fixed rate."""
+async def handoff(env: Env, subscribers: int, per_second: int, count: int) -> list[list[float]]:
+    """Per receiver, latency samples of event.emit (A) to session.event (B) at a fixed rate."""
     manager = env.manager()
     sid = await new_session(env, manager)
-    samples: list[float] = []
-    async with anyio.create_task_group() as tg:
-        for n in range(subscribers):
-            await tg.start(subscriber, env, sid, n, samples, count)
-        async with ws(env, "emitter") as emitter:
-            await paced(per_second, count, lambda: emitter.call("event.emit", {
-                "sessionId": sid, "event": {"type": "modified", "data": {"t0": time.perf_counter_ns()}}}))
+    samples: list[list[float]] = [[] for _ in range(subscribers)]
+    receivers = [await lean_subscriber(env.port, env.token(f"sub{n}"), sid, samples[n], count)
+                 for n in range(subscribers)]
+    async with ws(env, "emitter") as emitter:
+        await paced(per_second, count, lambda: emitter.call("event.emit", {
+            "sessionId": sid, "event": {"type": "modified", "data": {"t0": time.perf_counter_ns()}}}))
+        await finish(receivers)
     return samples
 
 
-async def subscriber(env: Env, sid: str, n: int, samples: list[float], count: int,
-                     *, task_status: anyio.abc.TaskStatus[None]) -> None:
-    async with ws(env, f"sub{n}") as peer:
-        await peer.call("session.subscribe", {"sessionId": sid})
-        task_status.started()
-        await receive_latencies(peer.ws, samples, count)
+async def finish(receivers: list[Any]) -> None:
+    """Wait (bounded) for every receiver's last sample, then close them."""
+    with anyio.move_on_after(30):
+        for receiver in receivers:
+            await receiver.done
+    for receiver in receivers:
+        receiver.transport.close()
 
 
 async def paced(per_second: int, count: int, send: Callable[[], Awaitable[Any]]) -> None:
@@ -292,36 +294,21 @@ async def paced(per_second: int, count: int, send: Callable[[], Awaitable[Any]])
         await send()
 
 
-async def publish_floor(env: Env, subscribers: int, per_second: int, count: int) -> list[float]:
-    """Latency of a bare PUBLISH to redis-py pub/sub subscribers, same shape."""
-    channel, samples = f"bench-floor-{time.time_ns()}", []
-
-    async def listen(*, task_status: anyio.abc.TaskStatus[None]) -> None:
-        client = aioredis.Redis.from_url(env.redis_url, decode_responses=True)
-        pubsub = client.pubsub()
-        await pubsub.subscribe(channel)
-        await pubsub.get_message(timeout=1.0)
-        task_status.started()
-        got = 0
-        while got < count:
-            message = await pubsub.get_message(timeout=5.0, ignore_subscribe_messages=True)
-            if message:
-                samples.append((time.perf_counter_ns() - int(message["data"])) / 1e6)
-                got += 1
-        await pubsub.aclose()
-        await client.aclose()
-
-    async with anyio.create_task_group() as tg:
-        for _ in range(subscribers):
-            await tg.start(listen)
-        await paced(per_second, count, lambda: env.redis.publish(channel, str(time.perf_counter_ns())))
+async def publish_floor(env: Env, subscribers: int, per_second: int, count: int) -> list[list[float]]:
+    """Per receiver, latency of a bare PUBLISH to bare RESP subscribers, same shape."""
+    channel = f"bench-floor-{time.time_ns()}"
+    samples: list[list[float]] = [[] for _ in range(subscribers)]
+    host, port = env.redis_url.split("//")[1].split("/")[0].split(":")
+    receivers = [await lean_pubsub(host, int(port), channel, samples[n], count) for n in range(subscribers)]
+    await paced(per_second, count, lambda: env.redis.publish(channel, str(time.perf_counter_ns())))
+    await finish(receivers)
     return samples
 
 
 async def bench_handoff(env: Env, subscribers: int, per_second: int) -> Figure:
     count = max(50, per_second * (2 if env.quick else 8))
-    ours = await handoff(env, subscribers, per_second, count)
-    floor = await publish_floor(env, subscribers, per_second, count)
+    ours = flat(await handoff(env, subscribers, per_second, count))
+    floor = flat(await publish_floor(env, subscribers, per_second, count))
     return Figure(f"handoff p99, {per_second} ev/s, {subscribers} subscribers", "ms", pct(ours, 0.99),
                   pct(floor, 0.99), "p99 < 5 ms", higher_is_better=False,
                   extra={"p50_ms": pct(ours, 0.5), "floor_p50_ms": pct(floor, 0.5), "samples": len(ours)})
@@ -331,17 +318,20 @@ async def bench_fanout_1000(env: Env) -> Figure:
     subscribers, count = 1000, (20 if env.quick else 60)
     ours = await handoff(env, subscribers, 10, count)
     floor = await publish_floor(env, subscribers, 10, count)
-    last_ours = per_event_max(ours, subscribers, count)
-    last_floor = per_event_max(floor, subscribers, count)
+    last_ours = per_event_max(ours, count)
+    last_floor = per_event_max(floor, count)
     return Figure("fan-out to 1000 subscribers, 10 ev/s, last receiver p99", "ms", pct(last_ours, 0.99),
                   pct(last_floor, 0.99), "p99 < 50 ms", higher_is_better=False,
                   extra={"p50_ms": pct(last_ours, 0.5), "floor_p50_ms": pct(last_floor, 0.5)})
 
 
-def per_event_max(samples: list[float], subscribers: int, count: int) -> list[float]:
-    """Samples arrive per subscriber in event order; the max over subscribers per event index."""
-    by_sub = [samples[i * count:(i + 1) * count] for i in range(subscribers)]
-    return [max(row[i] for row in by_sub if len(row) > i) for i in range(count)]
+def per_event_max(by_receiver: list[list[float]], count: int) -> list[float]:
+    """For each event, the latency of the last receiver to get it (each receiver's samples are in event order)."""
+    return [max(row[i] for row in by_receiver if len(row) > i) for i in range(count)]
+
+
+def flat(by_receiver: list[list[float]]) -> list[float]:
+    return [sample for row in by_receiver for sample in row]
 
 
 async def bench_replay(env: Env) -> Figure:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from bench import Env, Figure
 
 Samples = list[float]
+WORKING_SET = 200
 
 
 async def timed(count: int, work: Callable[[int], Awaitable[Any]]) -> Samples:
@@ -126,8 +127,10 @@ async def load_fixture(env: Env, entities: int) -> list[str]:
 
 
 def session_events(entity_ids: list[str], count: int) -> list[EventIn]:
-    """A realistic 1,000-event session: edits on graph entities, a break every 20 events, fixed after."""
+    """A 1,000-event session: two edits per event within a working set of 200 graph entities (a task's
+    neighbourhood), a break every 20 events, fixed by the next; 50 breakages in all."""
     rng = random.Random(11)
+    entity_ids = rng.sample(entity_ids, WORKING_SET)
     events = []
     for i in range(count):
         kind = "broke" if i % 20 == 19 else ("test_pass" if i % 20 == 0 else "modified")
