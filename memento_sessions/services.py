@@ -24,6 +24,7 @@ from memento_sessions.mcp_http import serve_mcp
 from memento_sessions.rpc import Registry
 from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.settings import Settings
 from memento_sessions.subscriptions import Subscriptions
 
@@ -50,7 +51,8 @@ class Services:
 async def open_services(settings: Settings, backends: Backends, redis_url: str) -> AsyncIterator[Services]:
     """Build the services, start their background tasks and register their methods."""
     registry = Registry()
-    manager = SessionManager(backends.redis, settings)
+    pipe = Pipe(redis_url) if Pipe.supports(redis_url) else None
+    manager = SessionManager(backends.redis, settings, pipe)
     await manager.start()
     fanout = Fanout(redis_url, keys.daemon_channel(uuid.uuid4().hex))
     try:
@@ -69,3 +71,5 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             tg.cancel_scope.cancel()
     finally:
         await fanout.aclose()
+        if pipe is not None:
+            pipe.close()

@@ -49,6 +49,7 @@ from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.logs import configure_logging
 from memento_sessions.sessions.manager import SessionManager, event_body, iso, now_ms
 from memento_sessions.sessions.models import EventIn
+from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.settings import load_settings
 
 SECRET = "bench-secret-0123456789-0123456789-abcdef"
@@ -95,13 +96,17 @@ class Env:
     redis: aioredis.Redis
     quick: bool
     namespace: str = "bench"
+    pipe: Pipe | None = None
 
     def token(self, agent: str) -> str:
         return issue_token(SECRET, agent, self.namespace, "sessions:read sessions:write kg:write", 3600)
 
     def manager(self) -> SessionManager:
+        """A SessionManager wired as the daemon wires it (Function calls on the auto-pipelined connection)."""
         settings = load_settings(redis_url=self.redis_url, postgres_dsn=self.postgres_dsn, auth_secret=SECRET)
-        return SessionManager(self.redis, settings)
+        if self.pipe is None:
+            self.pipe = Pipe(self.redis_url)
+        return SessionManager(self.redis, settings, self.pipe)
 
     def who(self, agent: str = "bench") -> Identity:
         return Identity(agent, self.namespace, frozenset({"sessions:read", "sessions:write"}))

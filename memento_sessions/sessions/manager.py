@@ -19,6 +19,7 @@ from memento_sessions.metrics import EMIT_SECONDS, EVENTS
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import condense
 from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EventIn
+from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.sessions.store import FunctionStore
 from memento_sessions.settings import Settings
 
@@ -85,10 +86,10 @@ def session_view(session_id: str, fields: dict[str, str], agents: Sequence[str],
 class SessionManager:
     """Create, join, leave, read, list and emit into sessions of any namespace."""
 
-    def __init__(self, redis: aioredis.Redis, settings: Settings) -> None:
+    def __init__(self, redis: aioredis.Redis, settings: Settings, pipe: Pipe | None = None) -> None:
         self.redis = redis
         self.settings = settings
-        self.store = FunctionStore(redis)
+        self.store = FunctionStore(redis, pipe)
         self.listeners: list[EmitListener] = []
 
     async def start(self) -> None:

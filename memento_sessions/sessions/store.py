@@ -11,6 +11,7 @@ from redis.exceptions import ResponseError
 from memento_sessions.errors import Conflict, NotFound, RpcError
 from memento_sessions.keys import SessionKeys
 from memento_sessions.logs import get_logger
+from memento_sessions.sessions.pipe import Pipe
 
 log = get_logger(__name__)
 LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()
@@ -20,8 +21,9 @@ _ERRORS: dict[str, type[RpcError]] = {"NOTFOUND": NotFound, "CONFLICT": Conflict
 class FunctionStore:
     """Calls the `memento_v1` functions on one Redis, loading the library whenever it is missing."""
 
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(self, redis: aioredis.Redis, pipe: Pipe | None = None) -> None:
         self.redis = redis
+        self.pipe = pipe
 
     async def load(self) -> None:
         """(Re)load the library; REPLACE makes this safe for every daemon at every start."""
@@ -43,7 +45,18 @@ class FunctionStore:
             raise translate(str(exc)) from None
 
     async def _fcall(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...]) -> Any:
+        if self.pipe is not None:
+            return decode(await self.pipe.call("FCALL", function, 4, *keys.all(), *args))
         return await self.redis.fcall(function, 4, *keys.all(), *args)
+
+
+def decode(reply: Any) -> Any:
+    """Bulk strings from the pipe arrive as bytes; the Functions return ASCII text and integers."""
+    if isinstance(reply, bytes):
+        return reply.decode()
+    if isinstance(reply, list):
+        return [decode(item) for item in reply]
+    return reply
 
 
 def translate(message: str) -> Exception:

@@ -1,0 +1,161 @@
+"""An auto-pipelining Redis connection for the Function calls on the hot path.
+
+redis-py spends about 100 us of Python per command and, under concurrency, one connection and one
+write per command. Here every call made in the same event-loop turn goes out in one write on one
+connection, and replies are matched to callers in order (Redis answers in order on a connection):
+the approach of ioredis' autopipelining and Lettuce. Nothing is retried: an FCALL whose reply is
+lost may have run, so the caller gets a ConnectionError (-32050) and decides (an event `id` makes
+a retry safe). See docs/hot-path.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, cast
+from urllib.parse import unquote, urlparse
+
+import anyio
+import hiredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from memento_sessions.logs import get_logger
+
+log = get_logger(__name__)
+CALL_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 2.0
+
+
+def pack(args: tuple[str | int | float, ...]) -> bytes:
+    """A RESP command (hiredis packs it in C; its stub types the tuple as one element)."""
+    packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]
+    return packed
+
+
+class _Protocol(asyncio.Protocol):
+    """One connection: an outbox flushed once per loop turn, and the callers waiting in reply order."""
+
+    def __init__(self) -> None:
+        self.reader = hiredis.Reader(replyError=ResponseError)
+        self.waiting: deque[asyncio.Future[Any]] = deque()
+        self.outbox: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
+        self.lost: Exception | None = None
+        self.oldest_since = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+
+    def send(self, command: bytes) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        if not self.waiting and self.transport is not None and self.lost is None:
+            self.transport.write(command)  # idle: no one to batch with, so no extra loop turn
+        else:
+            if not self.outbox:
+                loop.call_soon(self.flush)
+            self.outbox.append(command)
+        if not self.waiting:
+            self.watch(loop)
+        self.waiting.append(future)
+        return future
+
+    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """While replies are awaited, check every second that the oldest is not overdue."""
+        self.oldest_since = loop.time()
+        loop.call_later(1.0, self.check, self.oldest_since)
+
+    def check(self, since: float) -> None:
+        if not self.waiting or self.lost is not None:
+            return
+        loop = asyncio.get_running_loop()
+        if self.oldest_since == since and loop.time() - since > CALL_TIMEOUT:
+            self.lost = RedisTimeoutError(f"no reply from Redis within {CALL_TIMEOUT}s")
+            self.fail_all()
+            self.close()  # later replies would be out of step: the next call opens a new connection
+            return
+        loop.call_later(1.0, self.check, self.oldest_since)
+
+    def flush(self) -> None:
+        if self.transport is not None and self.outbox and self.lost is None:
+            self.transport.write(b"".join(self.outbox))
+        self.outbox = []
+
+    def data_received(self, data: bytes) -> None:
+        self.reader.feed(data)
+        while (reply := self.reader.gets()) is not False:
+            future = self.waiting.popleft()
+            self.oldest_since = asyncio.get_running_loop().time()
+            if not future.done():  # a caller that gave up (timeout, cancel) is skipped in order
+                if isinstance(reply, ResponseError):
+                    future.set_exception(reply)
+                else:
+                    future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.lost is None:
+            self.lost = RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}")
+        self.fail_all()
+
+    def fail_all(self) -> None:
+        assert self.lost is not None
+        while self.waiting:
+            future = self.waiting.popleft()
+            if not future.done():
+                future.set_exception(self.lost)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class Pipe:
+    """Auto-pipelined calls over one lazily (re)connected connection to a `redis://` URL."""
+
+    def __init__(self, url: str) -> None:
+        parsed = urlparse(url)
+        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 6379
+        self.db = int(parsed.path.strip("/") or 0)
+        self.auth = [unquote(x) for x in (parsed.username, parsed.password) if x]
+        self._protocol: _Protocol | None = None
+        self._lock = anyio.Lock()
+
+    @staticmethod
+    def supports(url: str) -> bool:
+        """Plain TCP `redis://` only; TLS and unix sockets stay on redis-py."""
+        return url.startswith("redis://")
+
+    async def call(self, *args: str | int | float) -> Any:
+        """Send one command (in the same write as the others of this loop turn) and await its reply."""
+        protocol = await self._connected()
+        return await protocol.send(pack(args))  # the connection's watchdog enforces CALL_TIMEOUT
+
+    async def _connected(self) -> _Protocol:
+        protocol = self._protocol
+        if protocol is not None and protocol.lost is None:
+            return protocol
+        async with self._lock:
+            if self._protocol is None or self._protocol.lost is not None:
+                self._protocol = await self._connect()
+            return self._protocol
+
+    async def _connect(self) -> _Protocol:
+        loop = asyncio.get_running_loop()
+        try:
+            with anyio.fail_after(CONNECT_TIMEOUT):
+                _, protocol = await loop.create_connection(_Protocol, self.host, self.port)
+        except (OSError, TimeoutError) as exc:
+            raise RedisConnectionError(f"cannot connect to Redis at {self.host}:{self.port}: {exc}") from None
+        if self.auth:
+            await protocol.send(pack(("AUTH", *self.auth)))
+        if self.db:
+            await protocol.send(pack(("SELECT", self.db)))
+        return protocol
+
+    def close(self) -> None:
+        """Close the connection; safe to call twice."""
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None:
+            protocol.close()
