@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 
 from memento_sessions.auth import issue_token
+from memento_sessions.backends import Backends, open_backends
 from memento_sessions.daemon import Daemon, running
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.logs import configure_logging
 from memento_sessions.settings import Settings, load_settings
 
@@ -120,3 +122,18 @@ def token(agent: str, namespace: str = "default", scope: str = "sessions:read se
           ttl: int = 3600) -> str:
     """A valid token signed with the tests' secret."""
     return issue_token(SECRET, agent, namespace, scope, ttl)
+
+
+@pytest.fixture
+async def backends(settings: Settings, backend_urls: Endpoints) -> AsyncIterator[Backends]:
+    """The daemon's backend clients, opened on the session's servers."""
+    async with open_backends(settings, backend_urls.redis_url, backend_urls.postgres_dsn) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def graph(backends: Backends, namespace: str) -> AsyncIterator[Graph]:
+    """The test namespace's own graph, deleted afterwards."""
+    graph = await Graphs(backends).get(namespace)
+    yield graph
+    await graph.delete()

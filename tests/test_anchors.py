@@ -4,39 +4,23 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import anyio
 import pytest
 
-from memento_sessions.backends import Backends, open_backends
+from memento_sessions.backends import Backends
 from memento_sessions.checkpoints.aggregate import Summary
 from memento_sessions.checkpoints.anchors import epoch_ms, prune_anchors, write_anchor
 from memento_sessions.checkpoints.retention import Lease, prune, run_while_leader
 from memento_sessions.checkpoints.snapshots import Snapshots, partition_name
-from memento_sessions.endpoints import Endpoints
-from memento_sessions.kg.graph import Graph, Graphs
+from memento_sessions.kg.graph import Graph
 from memento_sessions.kg.loader import NodeRecord, upsert
 from memento_sessions.settings import Settings
 
 pytestmark = pytest.mark.anyio
 NOW = datetime.now(UTC)
-
-
-@pytest.fixture
-async def backends(settings: Settings, backend_urls: Endpoints) -> AsyncIterator[Backends]:
-    async with open_backends(settings, backend_urls.redis_url, backend_urls.postgres_dsn) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def graph(backends: Backends, namespace: str) -> AsyncIterator[Graph]:
-    """The test namespace's own graph, deleted afterwards."""
-    graph = await Graphs(backends).get(namespace)
-    yield graph
-    await graph.delete()
 
 
 def summary(*entities: str, outcome: str = "working", perf: float = 0.0) -> Summary:

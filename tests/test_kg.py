@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -36,19 +36,6 @@ GOOD = [
 
 def jsonl(records: list[Any]) -> str:
     return "".join((record if isinstance(record, str) else json.dumps(record)) + "\n" for record in records)
-
-
-@pytest.fixture
-async def backends(settings: Settings, backend_urls: Endpoints) -> AsyncIterator[Backends]:
-    async with open_backends(settings, backend_urls.redis_url, backend_urls.postgres_dsn) as opened:
-        yield opened
-
-
-@pytest.fixture
-async def graph(backends: Backends, namespace: str) -> AsyncIterator[Graph]:
-    graph = await Graphs(backends).get(namespace)
-    yield graph
-    await graph.delete()
 
 
 async def rows(graph: Graph, query: str) -> list[list[Any]]:

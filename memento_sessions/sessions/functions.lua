@@ -68,23 +68,25 @@ local function emit(keys, args)
   return out
 end
 
--- ARGV: now_ms, agent
-local function join(keys, args)
+-- Add (SADD) or remove (SREM) args[2] as an agent of the live session; ARGV: now_ms, agent
+local function membership(keys, args, command)
   local live = live_session(keys)
   if live.err then return live end
-  redis.call('SADD', keys[3], args[2])
+  redis.call(command, keys[3], args[2])
   redis.call('HSET', keys[1], 'updatedAt', args[1])
   refresh(keys, live[2])
+  return live
+end
+
+local function join(keys, args)
+  local live = membership(keys, args, 'SADD')
+  if live.err then return live end
   return {live[1], redis.call('HGET', keys[1], 'seq')}
 end
 
--- ARGV: now_ms, agent
 local function leave(keys, args)
-  local live = live_session(keys)
+  local live = membership(keys, args, 'SREM')
   if live.err then return live end
-  redis.call('SREM', keys[3], args[2])
-  redis.call('HSET', keys[1], 'updatedAt', args[1])
-  refresh(keys, live[2])
   return live[1]
 end
 
