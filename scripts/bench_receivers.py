@@ -35,21 +35,33 @@ def masked_frame(opcode: int, data: bytes) -> bytes:
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
 
 
-class LeanWebSocket(asyncio.Protocol):
-    """A WebSocket client that records the latency of every `session.event` text frame it gets."""
+class Receiver(asyncio.Protocol):
+    """Records up to `count` latency samples; `done` resolves with the last one."""
 
     def __init__(self, samples: list[float], count: int) -> None:
-        self.samples, self.count = samples, count
-        self.buffer = b""
-        self.upgraded = asyncio.get_running_loop().create_future()
-        self.replied = asyncio.get_running_loop().create_future()
+        self.samples, self.count, self.got = samples, count, 0
         self.done = asyncio.get_running_loop().create_future()
-        self.got = 0
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]
+
+    def record(self, latency: float) -> None:
+        if self.got < self.count:
+            self.samples.append(latency)
+            self.got += 1
+            if self.got == self.count and not self.done.done():
+                self.done.set_result(None)
+
+
+class LeanWebSocket(Receiver):
+    """A WebSocket client that records the latency of every `session.event` text frame it gets."""
+
+    def __init__(self, samples: list[float], count: int) -> None:
+        super().__init__(samples, count)
+        self.buffer = b""
+        self.upgraded = asyncio.get_running_loop().create_future()
+        self.replied = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter_ns()
@@ -83,11 +95,8 @@ class LeanWebSocket(asyncio.Protocol):
             self.transport.write(masked_frame(0xA, payload))
         elif opcode == 0x1 and b'"session.event"' in payload[:60]:
             latency = latency_ms(payload, now)
-            if latency is not None and self.got < self.count:
-                self.samples.append(latency)
-                self.got += 1
-                if self.got == self.count and not self.done.done():
-                    self.done.set_result(None)
+            if latency is not None:
+                self.record(latency)
         elif opcode == 0x1 and not self.replied.done():
             self.replied.set_result(json.loads(payload))
 
@@ -114,20 +123,13 @@ async def lean_subscriber(port: int, token: str, session_id: str, samples: list[
     return proto
 
 
-class LeanPubSub(asyncio.Protocol):
+class LeanPubSub(Receiver):
     """A bare RESP subscriber (hiredis parser) recording the latency of each message's `t0`."""
 
     def __init__(self, samples: list[float], count: int) -> None:
-        self.samples, self.count = samples, count
+        super().__init__(samples, count)
         self.reader = hiredis.Reader()
-        loop = asyncio.get_running_loop()
-        self.subscribed, self.done = loop.create_future(), loop.create_future()
-        self.got = 0
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.subscribed = asyncio.get_running_loop().create_future()
 
     def data_received(self, data: bytes) -> None:
         now = time.perf_counter_ns()
@@ -135,11 +137,8 @@ class LeanPubSub(asyncio.Protocol):
         while (reply := self.reader.gets()) is not False:
             if reply[0] == b"subscribe" and not self.subscribed.done():
                 self.subscribed.set_result(None)
-            elif reply[0] == b"message" and self.got < self.count:
-                self.samples.append((now - int(reply[2])) / 1e6)
-                self.got += 1
-                if self.got == self.count and not self.done.done():
-                    self.done.set_result(None)
+            elif reply[0] == b"message":
+                self.record((now - int(reply[2])) / 1e6)
 
 
 async def lean_pubsub(host: str, port: int, channel: str, samples: list[float], count: int) -> LeanPubSub:
