@@ -139,7 +139,8 @@ class Daemon:
         app = build_app(self.gateway, self.health, self.services.mcp_app)
         config = uvicorn.Config(
             app, lifespan="off", log_config=None, ws="websockets-sansio", ws_max_size=MAX_FRAME,
-            ws_ping_interval=20.0, ws_ping_timeout=20.0, ws_per_message_deflate=False,
+            ws_ping_interval=self.settings.ws_ping_interval, ws_ping_timeout=self.settings.ws_ping_interval,
+            ws_per_message_deflate=False,
             timeout_graceful_shutdown=3, access_log=False, http="h11",
         )
         self._server = _Server(config)

@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     embedded_postgres_port: int = Field(default=0, ge=0, le=65535)
     token: str | None = None
     ws_send_buffer: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
+    ws_ping_interval: float = Field(default=20.0, ge=0.1, le=300.0)
 
     @field_validator("redis_url", "falkordb_url")
     @classmethod

@@ -18,11 +18,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from memento_sessions import keys
-from memento_sessions.daemon import Daemon
+from memento_sessions.daemon import Daemon, running
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.metrics import WS_SLOW_CLOSES
-from tests.conftest import SECRET, token
+from tests.conftest import SECRET, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
@@ -209,3 +209,28 @@ async def test_a_session_created_anew_under_the_same_id_restarts_at_seq_1_with_a
         new = (await b.notification("session.event"))["params"]
         assert new["seq"] == 1 and new["epoch"] != first["epoch"] and new["event"]["type"] == "broke"
     await r.aclose()
+
+
+async def test_a_frame_over_1_mib_closes_with_1009_and_changes_nothing(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        huge = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "event.emit",
+                           "params": {"sessionId": sid, "event": {"type": "x", "data": {"b": "x" * (1 << 20)}}}})
+        await a.ws.send(huge)
+        with pytest.raises(ConnectionClosed) as closed, anyio.fail_after(5):
+            await a.ws.recv()
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+    async with rpc(daemon.port, token("a", namespace)) as again:
+        assert (await again.call("session.get", {"sessionId": sid}))["session"]["seq"] == 0
+
+
+async def test_a_peer_that_stops_answering_pings_is_closed(backend_urls: Endpoints, tmp_path: Path,
+                                                            namespace: str) -> None:
+    """Keepalive: a ping unanswered for MEMENTO_WS_PING_INTERVAL closes the connection (default 20 s)."""
+    async with running(make_settings(backend_urls, tmp_path, ws_ping_interval=0.5)) as d, \
+            connect(f"ws://127.0.0.1:{d.port}/ws?token={token('mute', namespace)}", ping_interval=None) as mute:
+        assert d.gateway is not None and len(d.gateway.connections) == 1
+        mute.transport.pause_reading()  # alive, but reads nothing: no pong ever goes back
+        with anyio.fail_after(5):
+            while d.gateway.connections:
+                await anyio.sleep(0.05)
