@@ -43,10 +43,11 @@ class _Protocol(asyncio.Protocol):
         self.outbox: list[bytes] = []
         self.transport: asyncio.Transport | None = None
         self.lost: Exception | None = None
-        self.oldest_since = 0.0
+        self.progress_at = 0.0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
+        asyncio.get_running_loop().call_later(1.0, self.check)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
@@ -58,25 +59,21 @@ class _Protocol(asyncio.Protocol):
                 loop.call_soon(self.flush)
             self.outbox.append(command)
         if not self.waiting:
-            self.watch(loop)
+            self.progress_at = loop.time()
         self.waiting.append(future)
         return future
 
-    def watch(self, loop: asyncio.AbstractEventLoop) -> None:
-        """While replies are awaited, check every second that the oldest is not overdue."""
-        self.oldest_since = loop.time()
-        loop.call_later(1.0, self.check, self.oldest_since)
-
-    def check(self, since: float) -> None:
-        if not self.waiting or self.lost is not None:
+    def check(self) -> None:
+        """Once a second: if replies are awaited and none came for CALL_TIMEOUT, give the connection up."""
+        if self.lost is not None:
             return
         loop = asyncio.get_running_loop()
-        if self.oldest_since == since and loop.time() - since > CALL_TIMEOUT:
+        if self.waiting and loop.time() - self.progress_at > CALL_TIMEOUT:
             self.lost = RedisTimeoutError(f"no reply from Redis within {CALL_TIMEOUT}s")
             self.fail_all()
             self.close()  # later replies would be out of step: the next call opens a new connection
             return
-        loop.call_later(1.0, self.check, self.oldest_since)
+        loop.call_later(1.0, self.check)
 
     def flush(self) -> None:
         if self.transport is not None and self.outbox and self.lost is None:
@@ -87,7 +84,7 @@ class _Protocol(asyncio.Protocol):
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
             future = self.waiting.popleft()
-            self.oldest_since = asyncio.get_running_loop().time()
+            self.progress_at = asyncio.get_running_loop().time()
             if not future.done():  # a caller that gave up (timeout, cancel) is skipped in order
                 if isinstance(reply, ResponseError):
                     future.set_exception(reply)
