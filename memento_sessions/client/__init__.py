@@ -1,25 +1,41 @@
-"""The async Python client of the `/ws` JSON-RPC API: `from memento_sessions.client import Client`."""
+"""`Client`: the async Python client of the `/ws` JSON-RPC API (SPEC section 6).
 
-from memento_sessions.client.core import (
-    MAX_FRAME,
-    RETRIES,
-    Client,
+One WebSocket per client. A reader task routes replies to the requests waiting for them (several may
+be in flight) and notifications to subscriptions. When the connection drops, requests in flight fail
+with ConnectionLost; reads, and emits whose events all carry an idempotency `id`, are sent again once
+the client has reconnected (with jittered exponential backoff), and every subscription resumes after the
+last seq it delivered, with the last epoch it saw. Design notes: docs/client.md.
+
+core.py      Client: the connection, its reader, reconnect and restore, requests, subscription bookkeeping
+methods.py   the typed methods of SPEC section 6 (create_session, emit, get, ...), which Client inherits
+feeds.py     Subscription and Watch, the bounded notification queues a Client hands out, and Event
+errors.py    the exceptions below, and the server's JSON-RPC error codes mapped to RpcError subclasses
+backoff.py   the jittered exponential backoff between reconnects, and how often a call is retried
+wire.py      request params, their JSON encoding, the 1 MiB frame limit, the bearer token source
+
+MementoError
+ +-- RpcError and its subclasses     the server's JSON-RPC errors (memento_sessions.errors)
+ +-- ConnectionLost                  the connection dropped before the reply (also a ConnectionError)
+ |    +-- ClientClosed               the client was closed, or gave up reconnecting
+ +-- RequestTimeout                  no reply within request_timeout (also a TimeoutError)
+ +-- RequestTooLarge                 the request frame is over the server's 1 MiB limit (also a ValueError)
+ +-- Unauthorized                    the handshake was refused: bad or expired token
+ +-- HistoryLost                     a subscription cannot resume without a gap (server said recovered: false)
+"""
+
+from memento_sessions.client.backoff import RETRIES, backoff_delay
+from memento_sessions.client.core import Client
+from memento_sessions.client.errors import (
     ClientClosed,
     ConnectionLost,
-    Event,
     HistoryLost,
     RequestTimeout,
     RequestTooLarge,
-    Result,
-    Subscription,
     Unauthorized,
-    Watch,
-    backoff_delay,
-    compact,
-    encode,
     rpc_error,
-    token_source,
 )
+from memento_sessions.client.feeds import Event, Subscription, Watch
+from memento_sessions.client.wire import MAX_FRAME, Result, compact, encode, token_source
 from memento_sessions.errors import MementoError, RpcError
 
 __all__ = [

@@ -1,19 +1,10 @@
-"""`Client`: the async Python client of the `/ws` JSON-RPC API (SPEC section 6).
+"""`Client`: one WebSocket to the daemon, its reader, reconnects, and the requests and feeds on it.
 
-One WebSocket per client. A reader task routes replies to the requests waiting for them (several may
-be in flight) and notifications to subscriptions. When the connection drops, requests in flight fail
-with ConnectionLost; reads, and emits whose events all carry an idempotency `id`, are sent again once
-the client has reconnected (with jittered exponential backoff), and every subscription resumes after the
-last seq it delivered, with the last epoch it saw. Design notes: docs/client.md.
-
-MementoError
- +-- RpcError and its subclasses     the server's JSON-RPC errors (memento_sessions.errors)
- +-- ConnectionLost                  the connection dropped before the reply (also a ConnectionError)
- |    +-- ClientClosed               the client was closed, or gave up reconnecting
- +-- RequestTimeout                  no reply within request_timeout (also a TimeoutError)
- +-- RequestTooLarge                 the request frame is over the server's 1 MiB limit (also a ValueError)
- +-- Unauthorized                    the handshake was refused: bad or expired token
- +-- HistoryLost                     a subscription cannot resume without a gap (server said recovered: false)
+A reader task routes replies to the requests waiting for them (several may be in flight) and
+notifications to subscriptions. When the connection drops, requests in flight fail with ConnectionLost;
+reads, and emits whose events all carry an idempotency `id`, are sent again once the client has
+reconnected (with jittered exponential backoff), and every subscription resumes after the last seq it
+delivered, with the last epoch it saw. The typed methods of SPEC section 6 are in methods.py.
 """
 
 from __future__ import annotations
@@ -21,281 +12,33 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import random
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from contextlib import suppress
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, Generic, Self, TypeVar
+from typing import Any
 
 import anyio
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from memento_sessions import errors
+from memento_sessions.client.backoff import RETRIES, backoff_delay
+from memento_sessions.client.errors import (
+    ClientClosed,
+    ConnectionLost,
+    RequestTimeout,
+    RequestTooLarge,
+    Unauthorized,
+    rpc_error,
+)
+from memento_sessions.client.feeds import Subscription, Watch, _Feed
+from memento_sessions.client.methods import Methods
+from memento_sessions.client.wire import MAX_FRAME, Result, compact, encode, token_source
 from memento_sessions.errors import MementoError, RpcError
 from memento_sessions.logs import get_logger
 
-log = get_logger(__name__)
-T = TypeVar("T")
-Result = dict[str, Any]
-MAX_FRAME = 1024 * 1024
-RETRIES = 5
-_ERRORS: dict[int, type[RpcError]] = {cls.code: cls for cls in (
-    errors.ParseError, errors.InvalidRequest, errors.MethodNotFound, errors.InvalidParams, errors.Forbidden,
-    errors.NotFound, errors.Conflict, errors.RateLimited, errors.BackendUnavailable)}
+log = get_logger("memento_sessions.client")  # the logger name the client had as one module
 
 
-class ConnectionLost(MementoError, ConnectionError):
-    """The connection dropped before the reply came; the request may or may not have been applied."""
-
-
-class ClientClosed(ConnectionLost):
-    """The client is closed (or stopped reconnecting); nothing more can be sent."""
-
-
-class RequestTimeout(MementoError, TimeoutError):
-    """No reply within `request_timeout` seconds."""
-
-
-class RequestTooLarge(MementoError, ValueError):
-    """The request is over the server's frame limit (it would close the connection with 1009)."""
-
-
-class Unauthorized(MementoError):
-    """The server refused the handshake: the token is missing, forged or expired."""
-
-
-class HistoryLost(MementoError):
-    """A subscription resumed after a gap it cannot fill; iterating again continues live after `seq`."""
-
-    def __init__(self, session_id: str, last_seq: int | None, seq: int, epoch: str | None) -> None:
-        super().__init__(f"session {session_id}: events after seq {last_seq} cannot be replayed "
-                         f"(history lost; epoch is now {epoch}, seq {seq})")
-        self.session_id, self.last_seq, self.seq, self.epoch = session_id, last_seq, seq, epoch
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One event of a subscription, as the server stored it (`event` has seq, actor, timestamp ...)."""
-
-    session_id: str
-    seq: int
-    event: dict[str, Any]
-
-    @property
-    def type(self) -> str:
-        return str(self.event.get("type", ""))
-
-
-def rpc_error(error: Mapping[str, Any]) -> RpcError:
-    """The RpcError subclass of a JSON-RPC error object (code kept as sent when unknown)."""
-    code = int(error.get("code", -32603))
-    exc = _ERRORS.get(code, RpcError)(str(error.get("message", "")), error.get("data"))
-    exc.code = code
-    return exc
-
-
-def backoff_delay(attempt: int, first: float, cap: float) -> float:
-    """Exponential backoff with jitter: somewhere in the upper half of min(cap, first * 2**attempt)."""
-    ceiling = min(cap, first * 2 ** min(attempt, 30))
-    return random.uniform(ceiling / 2, ceiling)
-
-
-def token_source(token: str | Callable[[], str]) -> Callable[[], str]:
-    """A callable giving the token for each handshake (a callable lets a client refresh its token)."""
-    if callable(token):
-        return token
-    return lambda: token
-
-
-def compact(**params: Any) -> Result:
-    """The params object without the arguments left at None."""
-    return {name: value for name, value in params.items() if value is not None}
-
-
-def encode(value: object) -> object:
-    """JSON for what `json` cannot encode alone: any Mapping, and datetimes (ISO-8601)."""
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"cannot send a {type(value).__name__} as JSON")
-
-
-class _Feed(Generic[T]):
-    """A bounded queue of notifications read by one consumer; an error in it is raised when reached."""
-
-    def __init__(self, client: Client, limit: int) -> None:
-        self.client = client
-        self._items: deque[T | BaseException] = deque()
-        self._limit = limit
-        self._wake = anyio.Event()
-        self._ended = False
-        self._started = False
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> T:
-        await self.start()
-        return await self._next()
-
-    async def start(self) -> None:
-        """Ask the server for the notifications (once); raises its error, e.g. NotFound."""
-        if not self._started:
-            self._started = True
-            try:
-                await self._open()
-            except BaseException:
-                self._end()
-                raise
-
-    async def aclose(self) -> None:
-        """Stop receiving; safe to call twice."""
-        self._items.clear()
-        self._end()
-        await self._close()
-
-    async def _open(self) -> None:
-        raise NotImplementedError
-
-    async def _close(self) -> None:
-        raise NotImplementedError
-
-    @property
-    def full(self) -> bool:
-        return len(self._items) >= self._limit
-
-    def _push(self, item: T | BaseException) -> None:
-        self._items.append(item)
-        self._wake.set()
-
-    def _end(self, error: BaseException | None = None) -> None:
-        """No more items after those queued (then `error`, when given)."""
-        if error is not None and not self._ended:
-            self._items.append(error)
-        self._ended = True
-        self._wake.set()
-
-    async def _idle(self) -> None:
-        """Called when the queue is empty and not ended: wait for a push."""
-        self._wake = anyio.Event()
-        await self._wake.wait()
-
-    async def _next(self) -> T:
-        while not self._items:
-            if self._ended:
-                raise StopAsyncIteration
-            await self._idle()
-        item = self._items.popleft()
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-
-class Subscription(_Feed[Event]):
-    """The events of one session in seq order, each once, across reconnects (`async with` or `async for`)."""
-
-    def __init__(self, client: Client, session_id: str, since: int | None, epoch: str | None, limit: int) -> None:
-        super().__init__(client, limit)
-        self.session_id = session_id
-        self.last_seq = since  # the seq to resume after: the last one queued, else where live began
-        self.epoch = epoch
-        self.last_checkpoint: Result | None = None
-        self.resyncs = 0  # times the queue overflowed or a gap showed, and the stream was fetched again
-        self._on: ClientConnection | None = None  # the connection the server subscription lives on
-        self._early: list[Result] | None = None  # events that came before the subscribe reply
-        self._stale = False
-
-    async def _open(self) -> None:
-        await self.client._open_subscription(self)
-
-    async def _close(self) -> None:
-        await self.client._close_subscription(self)
-
-    async def _idle(self) -> None:
-        if not self._stale:
-            await super()._idle()
-            return
-        with suppress(ConnectionLost):  # still disconnected: _next calls again; closed: _next ends
-            await self.client._resync(self)
-
-    def _expect(self, ws: ClientConnection) -> None:
-        """A subscribe request is about to go out on `ws`: hold events until its reply."""
-        self._on, self._early, self._stale = ws, [], False
-
-    def _detach(self) -> None:
-        self._on, self._early = None, None
-
-    def _activate(self, result: Mapping[str, Any], asked_since: int | None) -> None:
-        """The server's subscribe reply: note where we stand, then the events that came early."""
-        early, self._early = self._early or [], None
-        if result.get("recovered") is False and asked_since is not None:
-            self._push(HistoryLost(self.session_id, asked_since, int(result["seq"]), result.get("epoch")))
-            self.last_seq = None
-        if self.last_seq is None:
-            self.last_seq = int(result["seq"])
-        self.epoch = result.get("epoch", self.epoch)
-        for params in early:
-            self._on_event(params)
-
-    def _on_event(self, params: Result) -> None:
-        if self._early is not None:
-            self._early.append(params)
-            return
-        seq = int(params["seq"])
-        epoch = params.get("epoch")
-        if epoch and self.epoch and epoch != self.epoch and not self._stale and not self._ended:
-            # The session was created anew under this id while we were subscribed: its history restarted.
-            self._push(HistoryLost(self.session_id, self.last_seq, seq, epoch))
-            self.epoch, self.last_seq = epoch, 0
-        if self._stale or self._ended or (self.last_seq is not None and seq <= self.last_seq):
-            return
-        if self.full or (self.last_seq is not None and seq != self.last_seq + 1):
-            self._go_stale(seq)
-            return
-        self.last_seq = seq
-        self._push(Event(self.session_id, seq, params["event"]))
-
-    def _go_stale(self, seq: int) -> None:
-        """Drop events until the consumer has caught up, then subscribe again after `last_seq`."""
-        log.warning("subscription resyncs", session_id=self.session_id, seq=seq, last_seq=self.last_seq,
-                    queued=len(self._items))
-        self._stale = True
-        self.resyncs += 1
-        self._wake.set()
-
-
-class Watch(_Feed[Result]):
-    """`sessions.announce` notifications (`async with` or `async for`); see docs/client.md on gaps."""
-
-    def __init__(self, client: Client, limit: int) -> None:
-        super().__init__(client, limit)
-        self.dropped = 0  # announcements dropped because the queue was full (the oldest go first)
-
-    async def _open(self) -> None:
-        await self.client._open_watch(self)
-
-    async def _close(self) -> None:
-        self.client._watches.discard(self)  # the server has no unwatch: it announces until the connection ends
-
-    def _announce(self, params: Result) -> None:
-        if self.full:
-            self._items.popleft()
-            self.dropped += 1
-        self._push(params)
-
-
-class Client:
+class Client(Methods):
     """An async client of one daemon's `/ws`: `async with Client(url, token) as client: ...`."""
 
     def __init__(self, url: str, token: str | Callable[[], str], *, reconnect: bool = True,
@@ -609,70 +352,3 @@ class Client:
             except BaseException:
                 self._watches.discard(watch)
                 raise
-
-    # -- the methods of SPEC section 6 ----------------------------------------------------------------------
-
-    async def create_session(self, entity_ids: Sequence[str] | None = None, *, session_id: str | None = None,
-                             ttl: int | None = None, labels: Mapping[str, str] | None = None) -> Result:
-        """`session.create`: {sessionId, state, seq, agentIds, expiresAt}."""
-        return await self.call("session.create", compact(entityIds=entity_ids, sessionId=session_id, ttl=ttl,
-                                                         labels=labels))
-
-    async def join(self, session_id: str) -> Result:
-        """`session.join`: {sessionId, agentIds, state, seq}."""
-        return await self.call("session.join", {"sessionId": session_id}, retry=True)
-
-    async def leave(self, session_id: str) -> Result:
-        """`session.leave`: {}."""
-        return await self.call("session.leave", {"sessionId": session_id}, retry=True)
-
-    async def get(self, session_id: str, *, condensed: bool = False, since: int | None = None,
-                  limit: int | None = None) -> Result:
-        """`session.get`: {session, events}, or the condensed view."""
-        params = compact(sessionId=session_id, condensed=condensed or None, since=since, limit=limit)
-        return await self.call("session.get", params, retry=True)
-
-    async def list_sessions(self, *, state: str | None = None, agent_id: str | None = None,
-                            limit: int | None = None) -> list[Result]:
-        """`session.list`: the sessions, newest first."""
-        result = await self.call("session.list", compact(state=state, agentId=agent_id, limit=limit), retry=True)
-        sessions: list[Result] = result["sessions"]
-        return sessions
-
-    async def emit(self, session_id: str, event: Mapping[str, Any]) -> Result:
-        """`event.emit`: {seq, duplicate}; retried across a reconnect only when the event has an `id`."""
-        params = {"sessionId": session_id, "event": event}
-        return await self.call("event.emit", params, retry="id" in event)
-
-    async def emit_batch(self, session_id: str, events: Sequence[Mapping[str, Any]]) -> Result:
-        """`event.emitBatch`: {seqs}; retried across a reconnect only when every event has an `id`."""
-        params = {"sessionId": session_id, "events": events}
-        return await self.call("event.emitBatch", params, retry=all("id" in event for event in events))
-
-    async def checkpoint(self, session_id: str, *, final: bool = False) -> Result:
-        """`session.checkpoint`: {checkpointId, outcome, brokeDuring, keyImpacts, perfDelta, actors, ...}."""
-        return await self.call("session.checkpoint", compact(sessionId=session_id, final=final or None))
-
-    async def transitions(self, session_id: str, entity_id: str | None = None) -> list[Result]:
-        """`bridge.transitions`: [{fromSeq, toSeq, changeInfo, impact, kgContext?}]."""
-        result = await self.call("bridge.transitions", compact(sessionId=session_id, entityId=entity_id),
-                                 retry=True)
-        transitions: list[Result] = result["transitions"]
-        return transitions
-
-    async def isolate(self, session_id: str, agent_id: str) -> Result:
-        """`bridge.isolate`: {agentId, events, impacts, totalPerfDelta}."""
-        return await self.call("bridge.isolate", {"sessionId": session_id, "agentId": agent_id}, retry=True)
-
-    async def handoff(self, session_id: str) -> Result:
-        """`bridge.handoff`: {sessionId, state, agentIds, recentChanges, kgContext, joiningAdvice}."""
-        return await self.call("bridge.handoff", {"sessionId": session_id}, retry=True)
-
-    async def outcomes(self, cluster_id: str, days: int | None = None) -> Result:
-        """`bridge.outcomes`: {clusterName, specTitles, recentSessions, avgPerfDelta, brokenCount}."""
-        return await self.call("bridge.outcomes", compact(clusterId=cluster_id, days=days), retry=True)
-
-    async def kg_upsert(self, nodes: Sequence[Mapping[str, Any]] | None = None,
-                        edges: Sequence[Mapping[str, Any]] | None = None) -> Result:
-        """`kg.upsert` (scope kg:write): {nodes, edges} counts; upserts are idempotent, so retried."""
-        return await self.call("kg.upsert", compact(nodes=nodes, edges=edges), retry=True)
