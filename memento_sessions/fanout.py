@@ -12,15 +12,12 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 import anyio
-import redis.asyncio as aioredis
 from anyio.abc import TaskGroup, TaskStatus
-from redis.asyncio.client import PubSub
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
+from memento_sessions.pubsub import Subscriber, open_subscriber
 
 log = get_logger(__name__)
 CONFIRM_TIMEOUT = 5.0
@@ -40,12 +37,12 @@ class Fanout:
     """Routes pub/sub messages of the daemon's one connection to local listeners."""
 
     def __init__(self, redis_url: str, control_channel: str) -> None:
-        self.redis = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_connect_timeout=2.0,
-                                             health_check_interval=10)
+        self.url = redis_url
         self.control = control_channel
         self.listeners: dict[str, set[Listener]] = {}
         self._confirmed: dict[str, anyio.Event] = {}
-        self._pubsub: PubSub | None = None
+        self._subscriber: Subscriber | None = None
+        self._catch_up = False
         self._tg: TaskGroup | None = None
         self.reconnects = 0
 
@@ -57,7 +54,8 @@ class Fanout:
             while True:
                 try:
                     await self._session(task_status)
-                except (RedisConnectionError, RedisTimeoutError, OSError, RedisError) as exc:
+                    delay = 0.05
+                except (RedisError, OSError) as exc:
                     BACKEND_ERRORS.labels("redis").inc()
                     log.warning("pub/sub connection lost; reconnecting", error=repr(exc), retry_in=round(delay, 3))
                 task_status = anyio.TASK_STATUS_IGNORED
@@ -65,40 +63,30 @@ class Fanout:
                 delay = min(delay * 2, 2.0)
 
     async def _session(self, task_status: TaskStatus[None]) -> None:
-        pubsub = self.redis.pubsub()
+        subscriber = await open_subscriber(self.url, self._on_push)
         try:
-            await pubsub.subscribe(self.control, *self.listeners)
-            self._pubsub = pubsub
-            first = self.reconnects == 0
+            self._catch_up = self.reconnects > 0
             self.reconnects += 1
+            subscriber.command("SUBSCRIBE", self.control, *self.listeners)
+            self._subscriber = subscriber
             task_status.started()
-            await self._pump(pubsub, catch_up=not first)
+            reason = await subscriber.closed
+            log.warning("pub/sub connection closed", reason=repr(reason))
         finally:
-            self._pubsub = None
-            self._reset_confirmations()
-            with anyio.CancelScope(shield=True):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            self._subscriber = None
+            self._confirmed = {}
+            subscriber.close()
 
-    async def _pump(self, pubsub: PubSub, catch_up: bool) -> None:
-        while True:
-            message = await pubsub.get_message(timeout=1.0)
-            if message is None:
-                continue
-            kind, channel = message["type"], message["channel"]
-            if kind == "message":
-                for listener in tuple(self.listeners.get(channel, ())):
-                    listener.on_message(message["data"])
-            elif kind == "subscribe":
-                self._confirm(channel)
-                if channel == self.control and catch_up:
-                    self._catch_up_all()
-
-    def _confirm(self, channel: str) -> None:
-        event = self._confirmed.setdefault(channel, anyio.Event())
-        event.set()
-
-    def _reset_confirmations(self) -> None:
-        self._confirmed = {}
+    def _on_push(self, reply: list[Any]) -> None:
+        kind = reply[0]
+        if kind == "message":
+            for listener in tuple(self.listeners.get(reply[1], ())):
+                listener.on_message(reply[2])
+        elif kind == "subscribe":
+            self._confirmed.setdefault(reply[1], anyio.Event()).set()
+            if reply[1] == self.control and self._catch_up:
+                self._catch_up = False
+                self._catch_up_all()
 
     def _catch_up_all(self) -> None:
         for listeners in self.listeners.values():
@@ -109,8 +97,8 @@ class Fanout:
         """Feed `listener` from `channel`; returns once Redis confirmed the subscription."""
         listeners = self.listeners.setdefault(channel, set())
         listeners.add(listener)
-        if len(listeners) == 1 and self._pubsub is not None:
-            await self._pubsub.subscribe(channel)
+        if len(listeners) == 1 and self._subscriber is not None:
+            self._subscriber.command("SUBSCRIBE", channel)
         with anyio.fail_after(CONFIRM_TIMEOUT):
             await self._confirmed.setdefault(channel, anyio.Event()).wait()
 
@@ -123,15 +111,8 @@ class Fanout:
         if not listeners:
             del self.listeners[channel]
             self._confirmed.pop(channel, None)
-            if self._tg is not None:
-                self._tg.start_soon(self._unsubscribe, channel)
-
-    async def _unsubscribe(self, channel: str) -> None:
-        if self._pubsub is not None and channel not in self.listeners:
-            try:
-                await self._pubsub.unsubscribe(channel)
-            except RedisError as exc:  # the reconnect will not re-subscribe it anyway
-                log.debug("unsubscribe failed", channel=channel, error=repr(exc))
+            if self._subscriber is not None:
+                self._subscriber.command("UNSUBSCRIBE", channel)
 
     def spawn(self, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
         """Run background work (a listener's catch-up) in the fan-out's task group."""
@@ -139,8 +120,9 @@ class Fanout:
             self._tg.start_soon(func)
 
     async def aclose(self) -> None:
-        """Close the client; safe twice."""
-        await self.redis.aclose()
+        """Close the connection; safe twice."""
+        if self._subscriber is not None:
+            self._subscriber.close()
 
 
 def frame_seq(frame: str) -> int | None:

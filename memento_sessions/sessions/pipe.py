@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from typing import Any, cast
-from urllib.parse import unquote, urlparse
 
 import anyio
 import hiredis
@@ -22,16 +21,10 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.logs import get_logger
+from memento_sessions.resp import Address, connect, pack
 
 log = get_logger(__name__)
 CALL_TIMEOUT = 5.0
-CONNECT_TIMEOUT = 2.0
-
-
-def pack(args: tuple[str | int | float, ...]) -> bytes:
-    """A RESP command (hiredis packs it in C; its stub types the tuple as one element)."""
-    packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]
-    return packed
 
 
 class _Protocol(asyncio.Protocol):
@@ -112,17 +105,14 @@ class Pipe:
     """Auto-pipelined calls over one lazily (re)connected connection to a `redis://` URL."""
 
     def __init__(self, url: str) -> None:
-        parsed = urlparse(url)
-        self.host, self.port = parsed.hostname or "127.0.0.1", parsed.port or 6379
-        self.db = int(parsed.path.strip("/") or 0)
-        self.auth = [unquote(x) for x in (parsed.username, parsed.password) if x]
+        self.address = Address.parse(url)
         self._protocol: _Protocol | None = None
         self._lock = anyio.Lock()
 
     @staticmethod
     def supports(url: str) -> bool:
-        """Plain TCP `redis://` only; TLS and unix sockets stay on redis-py."""
-        return url.startswith("redis://")
+        """The URLs resp.connect opens: redis://, rediss:// and unix://."""
+        return url.startswith(("redis://", "rediss://", "unix://"))
 
     async def call(self, *args: str | int | float) -> Any:
         """Send one command (in the same write as the others of this loop turn) and await its reply."""
@@ -139,16 +129,11 @@ class Pipe:
             return self._protocol
 
     async def _connect(self) -> _Protocol:
-        loop = asyncio.get_running_loop()
-        try:
-            with anyio.fail_after(CONNECT_TIMEOUT):
-                _, protocol = await loop.create_connection(_Protocol, self.host, self.port)
-        except (OSError, TimeoutError) as exc:
-            raise RedisConnectionError(f"cannot connect to Redis at {self.host}:{self.port}: {exc}") from None
-        if self.auth:
-            await protocol.send(pack(("AUTH", *self.auth)))
-        if self.db:
-            await protocol.send(pack(("SELECT", self.db)))
+        protocol = await connect(self.address, _Protocol)
+        if self.address.auth:
+            await protocol.send(pack(("AUTH", *self.address.auth)))
+        if self.address.db:
+            await protocol.send(pack(("SELECT", self.address.db)))
         return protocol
 
     def close(self) -> None:

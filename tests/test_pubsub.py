@@ -1,0 +1,52 @@
+"""The daemon's raw pub/sub connection against the real embedded Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+
+from memento_sessions import pubsub
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.pubsub import open_subscriber
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_pushes_arrive_parsed_and_in_order(backend_urls: Endpoints, namespace: str) -> None:
+    pushes: list[list[Any]] = []
+    subscriber = await open_subscriber(backend_urls.redis_url, pushes.append)
+    subscriber.command("SUBSCRIBE", f"{namespace}:a")
+    publisher = aioredis.Redis.from_url(backend_urls.redis_url)
+    with anyio.fail_after(5):
+        while not pushes:
+            await anyio.sleep(0.01)
+    for i in range(50):
+        await publisher.publish(f"{namespace}:a", f"frame {i} é")
+    with anyio.fail_after(5):
+        while len(pushes) < 51:
+            await anyio.sleep(0.01)
+    assert pushes[0] == ["subscribe", f"{namespace}:a", 1]
+    assert pushes[1:] == [["message", f"{namespace}:a", f"frame {i} é"] for i in range(50)]
+    subscriber.close()
+    subscriber.close()
+    assert await subscriber.closed is None
+    await publisher.aclose()
+
+
+async def test_a_server_that_stops_answering_is_dropped_by_keepalive(
+        backend_urls: Endpoints, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pubsub, "KEEPALIVE", 0.2)
+    subscriber = await open_subscriber(backend_urls.redis_url, lambda reply: None)
+    subscriber.command("SUBSCRIBE", f"{namespace}:b")
+    admin = aioredis.Redis.from_url(backend_urls.redis_url)
+    await anyio.sleep(0.3)
+    await admin.client_pause(2000)  # Redis stops answering every client: no PONG, no data
+    with anyio.fail_after(2):
+        reason = await asyncio.shield(subscriber.closed)
+    assert isinstance(reason, TimeoutError) and "no data from Redis" in str(reason)
+    await admin.client_unpause()
+    await admin.aclose()
