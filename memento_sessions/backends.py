@@ -93,13 +93,28 @@ class Backends:
         return self.graph_prefix if namespace == "default" else f"{self.graph_prefix}_{namespace}"
 
 
+def falkordb_client(url: str) -> FalkorDB:
+    """A FalkorDB client on a lazily connected asyncio pool.
+
+    FalkorDB's own constructor probes for Cluster over a blocking connection: it stalls the event loop
+    and fails while the server is down, so a daemon could not start to report it. Cluster is not
+    supported here, so the client gets its connection the way that constructor would give it one.
+    """
+    client: FalkorDB = FalkorDB.__new__(FalkorDB)
+    connection = aioredis.Redis.from_url(url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0)
+    client.connection = connection
+    client.flushdb = connection.flushdb
+    client.execute_command = connection.execute_command
+    return client
+
+
 @asynccontextmanager
 async def open_backends(settings: Settings, redis_url: str, postgres_dsn: str | None) -> AsyncIterator[Backends]:
     """Open the clients (lazily connected) and close them on exit."""
     falkor_url = settings.falkordb_url or redis_url
     backends = Backends(
         redis=redis_client(redis_url),
-        falkordb=FalkorDB.from_url(falkor_url, socket_timeout=5.0, socket_connect_timeout=2.0),
+        falkordb=falkordb_client(falkor_url),
         postgres=Postgres(postgres_dsn),
         graph_prefix=settings.kg_graph,
     )

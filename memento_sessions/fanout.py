@@ -47,29 +47,32 @@ class Fanout:
         self.reconnects = 0
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Keep the connection up forever, reconnecting with jittered backoff."""
+        """Keep the connection up forever, reconnecting with jittered backoff.
+
+        Reports started at once: with Redis down the daemon still serves (/readyz says 503), and
+        `attach` waits for the subscription to be confirmed.
+        """
         delay = 0.05
         async with anyio.create_task_group() as tg:
             self._tg = tg
+            task_status.started()
             while True:
                 try:
-                    await self._session(task_status)
+                    await self._session()
                     delay = 0.05
                 except (RedisError, OSError) as exc:
                     BACKEND_ERRORS.labels("redis").inc()
                     log.warning("pub/sub connection lost; reconnecting", error=repr(exc), retry_in=round(delay, 3))
-                task_status = anyio.TASK_STATUS_IGNORED
                 await anyio.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 2.0)
 
-    async def _session(self, task_status: TaskStatus[None]) -> None:
+    async def _session(self) -> None:
         subscriber = await open_subscriber(self.url, self._on_push)
         try:
             self._catch_up = self.reconnects > 0
             self.reconnects += 1
             subscriber.command("SUBSCRIBE", self.control, *self.listeners)
             self._subscriber = subscriber
-            task_status.started()
             reason = await subscriber.closed
             log.warning("pub/sub connection closed", reason=repr(reason))
         finally:

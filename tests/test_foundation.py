@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 
+import anyio
 import httpx2
 import jwt
 import pytest
@@ -120,3 +121,24 @@ def test_serve_on_a_busy_port_exits_2_naming_the_variables() -> None:
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
         f"memento-sessions: cannot listen on 127.0.0.1:{port} (MEMENTO_HOST/MEMENTO_PORT): Address already in use")
+
+
+async def test_with_redis_down_at_start_the_daemon_serves_and_says_so(backend_urls: object, tmp_path: object) -> None:
+    from pathlib import Path
+
+    from memento_sessions.daemon import running
+    from tests.conftest import make_settings
+
+    assert isinstance(tmp_path, Path)
+    settings = make_settings(backend_urls, tmp_path, redis_url="redis://127.0.0.1:1/0")  # type: ignore[arg-type]
+    with anyio.fail_after(20):
+        async with running(settings) as down:
+            async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{down.port}") as http:
+                assert (await http.get("/healthz")).status_code == 200
+                await anyio.sleep(0.5)
+                ready = await http.get("/readyz")
+            assert ready.status_code == 503
+            assert ready.json()["backends"] == {"redis": "down", "falkordb": "down", "postgres": "up"}
+            async with rpc(down.port, token("a")) as peer:
+                error = await peer.error("session.create", {})
+            assert error["code"] == -32050 and "Redis" in error["message"]

@@ -37,6 +37,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+RELEASE_ERRORS: tuple[type[BaseException], ...] = (*UNAVAILABLE, TimeoutError)
 RELEASE_LEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -113,7 +114,15 @@ class Lease:
                 self.held = await self._check()
         finally:
             with anyio.CancelScope(shield=True):
+                await self._release_quietly()
+
+    async def _release_quietly(self) -> None:
+        """On the way out a down Redis must not turn a clean stop into an error: the lease expires anyway."""
+        try:
+            with anyio.fail_after(2.0):
                 await self.release()
+        except RELEASE_ERRORS as exc:
+            log.warning("retention lease not released; it will expire", error=repr(exc))
 
     async def _check(self) -> bool:
         try:

@@ -14,7 +14,9 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
+from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import Forbidden, InvalidParams, NotFound
+from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMIT_SECONDS, EVENTS
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import condense
@@ -23,8 +25,7 @@ from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.sessions.store import FunctionStore
 from memento_sessions.settings import Settings
 
-_SESSION_FIELDS = ("state", "seq", "epoch", "createdAt", "updatedAt", "lastCheckpoint", "labels",
-                   "parentSessionId", "forkedAtSeq")
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +94,15 @@ class SessionManager:
         self.listeners: list[EmitListener] = []
 
     async def start(self) -> None:
-        """Load the Function library (every daemon does, REPLACE makes it idempotent)."""
-        await self.store.load()
+        """Load the Function library (every daemon does, REPLACE makes it idempotent).
+
+        With Redis down the daemon still starts (and says so on /readyz): the first call that finds
+        the library missing loads it then.
+        """
+        try:
+            await self.store.load()
+        except UNAVAILABLE as exc:
+            log.warning("function library not loaded yet; Redis unavailable", error=repr(exc))
 
     async def create(self, who: Identity, *, entity_ids: Sequence[str] = (), session_id: str | None = None,
                      ttl: int | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
