@@ -143,6 +143,24 @@ def frame_epoch(frame: str) -> str:
     return frame[start:frame.index('"', start)]
 
 
+class _Head:
+    """The (seq, epoch) of the last frame looked at: a message reaches every subscriber of its channel as
+    the same str object, so one parse serves them all."""
+
+    frame: str | None = None
+    head: tuple[int, str] | None = None
+
+
+def frame_head(frame: str) -> tuple[int, str] | None:
+    """(seq, epoch) of a `session.event` frame; None for any other frame (e.g. `session.checkpoint`)."""
+    if frame is _Head.frame:
+        return _Head.head
+    seq = frame_seq(frame)
+    head = None if seq is None else (seq, frame_epoch(frame))
+    _Head.frame, _Head.head = frame, head
+    return head
+
+
 def event_frame(session_json: str, epoch: str, member: str, seq: Any) -> str:
     """The same frame the Function publishes, rebuilt from a stored ZSET member (for replays)."""
     return ('{"jsonrpc":"2.0","method":"session.event","params":{"seq":' + str(int(seq)) + ',"epoch":"' + epoch +

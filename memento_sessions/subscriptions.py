@@ -15,7 +15,7 @@ from pydantic import Field
 
 from memento_sessions import keys
 from memento_sessions.errors import InvalidParams
-from memento_sessions.fanout import Fanout, event_frame, frame_epoch, frame_seq
+from memento_sessions.fanout import Fanout, event_frame, frame_head, frame_seq
 from memento_sessions.logs import get_logger
 from memento_sessions.rpc import Call, Peer, Registry, Result
 from memento_sessions.sessions.manager import SessionManager
@@ -44,11 +44,11 @@ class Subscription:
         if not self.live:
             self.pending.append(data)
             return
-        seq = frame_seq(data)
-        if seq is None:
+        head = frame_head(data)
+        if head is None:
             self.peer.notify(data)
             return
-        epoch = frame_epoch(data)
+        seq, epoch = head
         if epoch != self.epoch:
             # The session was created anew under this id: its history restarts at seq 1.
             self.epoch, self.last_seq = epoch, 0

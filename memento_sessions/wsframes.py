@@ -30,6 +30,20 @@ def text_frame(data: bytes) -> bytes:
     return struct.pack("!BBQ", 0x81, 127, size) + data
 
 
+class _Last:
+    """The last frame encoded: one fanned-out message is the same str object for every subscriber."""
+
+    frame: str | None = None
+    data = b""
+
+
+def framed(frame: str) -> bytes:
+    """The text frame of `frame`, encoded once per message however many subscribers get it."""
+    if frame is not _Last.frame:
+        _Last.frame, _Last.data = frame, text_frame(frame.encode())
+    return _Last.data
+
+
 class DirectWriter:
     """Writes frames straight to the transport behind an ASGI `send` of uvicorn's sansio protocol."""
 
@@ -54,7 +68,7 @@ class DirectWriter:
 
     def write(self, frames: Iterable[str]) -> None:
         """Frame and write, in order, in one transport write."""
-        self.protocol.transport.write(b"".join(text_frame(frame.encode()) for frame in frames))
+        self.protocol.transport.write(b"".join(framed(frame) for frame in frames))
 
 
 def take_batch(queue: Any, limit: int = _BATCH_BYTES) -> tuple[list[str], int]:
