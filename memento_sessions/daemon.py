@@ -123,7 +123,8 @@ class Daemon:
             self.services = await stack.enter_async_context(open_services(self.settings, backends,
                                                                            endpoints.redis_url))
             tg = await stack.enter_async_context(anyio.create_task_group())
-            self.gateway = Gateway(self.services.registry, secret, self.settings.ws_send_buffer)
+            self.gateway = Gateway(self.services.registry, secret, self.settings.ws_send_buffer,
+                                   self.settings.ws_rate_limit)
             for server in self.servers:
                 tg.start_soon(server.supervise, self.health.set)
             tg.start_soon(probe_forever, backends, self.health)

@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 from memento_sessions.auth import AuthError, Identity, bearer, verify_token
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_MESSAGES_SENT, WS_SLOW_CLOSES
+from memento_sessions.ratelimit import TokenBucket
 from memento_sessions.rpc import Call, Registry, handle_frame
 from memento_sessions.wsframes import DirectWriter, take_batch
 
@@ -131,8 +132,9 @@ class Connection:
 class Gateway:
     """ASGI app of `/ws`: handshake auth, then one reader and one writer per connection."""
 
-    def __init__(self, registry: Registry, secret: str, send_buffer_bytes: int) -> None:
+    def __init__(self, registry: Registry, secret: str, send_buffer_bytes: int, rate_limit: float = 0.0) -> None:
         self.registry = registry
+        self.rate_limit = rate_limit
         self.secret = secret
         self.send_buffer_bytes = send_buffer_bytes
         self.connections: set[Connection] = set()
@@ -171,6 +173,7 @@ class Gateway:
 
     async def _read(self, conn: Connection, receive: Receive, scope: anyio.CancelScope) -> None:
         call = Call(conn.identity, conn)
+        bucket = TokenBucket(self.rate_limit, self.rate_limit) if self.rate_limit > 0 else None
         while True:
             message = await receive()
             if message["type"] == "websocket.disconnect":
@@ -178,7 +181,7 @@ class Gateway:
                 scope.cancel()
                 return
             frame = message.get("text") or message.get("bytes") or b""
-            reply = await handle_frame(self.registry, call, frame)
+            reply = await handle_frame(self.registry, call, frame, bucket)
             if reply is not None:
                 conn.notify(reply.decode())
 

@@ -25,6 +25,7 @@ from memento_sessions.errors import (
 )
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
+from memento_sessions.ratelimit import TokenBucket
 
 log = get_logger(__name__)
 P = TypeVar("P", bound=BaseModel)
@@ -135,11 +136,14 @@ def encode_notification(method: str, params: Result) -> bytes:
     return pydantic_core.to_json({"jsonrpc": "2.0", "method": method, "params": params})
 
 
-async def handle_frame(registry: Registry, call: Call, frame: str | bytes) -> bytes | None:
-    """One request frame in, one response frame out (None for a notification)."""
+async def handle_frame(registry: Registry, call: Call, frame: str | bytes,
+                       bucket: TokenBucket | None = None) -> bytes | None:
+    """One request frame in, one response frame out (None for a notification); `bucket` rate-limits."""
     message: dict[str, Any] = {"id": None}
     try:
         message = parse(frame)
+        if bucket is not None:
+            bucket.take()
         result = await registry.call(call, message["method"], message.get("params"))
     except RpcError as exc:
         error = exc

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from memento_sessions import keys
-from memento_sessions.daemon import Daemon
-from tests.conftest import token
+from memento_sessions.daemon import Daemon, running
+from memento_sessions.endpoints import Endpoints
+from tests.conftest import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
@@ -101,3 +103,25 @@ async def test_read_only_token_cannot_write(daemon: Daemon, namespace: str) -> N
         error = await peer.error("session.create", {})
         assert error["code"] == -32001 and error["data"] == {"scope": "sessions:write"}
         assert (await peer.call("session.list", {}))["sessions"] == []
+
+
+async def test_a_client_over_its_rate_gets_32029_and_those_requests_do_nothing(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    import json
+
+    import anyio
+
+    async with running(make_settings(backend_urls, tmp_path, ws_rate_limit=5)) as daemon, \
+            rpc(daemon.port, token("eager", namespace)) as peer:
+        sid = (await peer.call("session.create", {}))["sessionId"]
+        for i in range(20):  # all in flight at once
+            await peer.ws.send(json.dumps({"jsonrpc": "2.0", "id": 100 + i, "method": "event.emit",
+                                           "params": {"sessionId": sid, "event": {"type": "modified"}}}))
+        replies = [await peer.reply(100 + i) for i in range(20)]
+        done = [r for r in replies if "result" in r]
+        limited = [r["error"] for r in replies if "error" in r]
+        assert len(done) + len(limited) == 20 and 1 <= len(done) <= 6 and limited
+        assert all(e["code"] == -32029 and e["data"]["retryAfterMs"] > 0 for e in limited)
+        assert [r["result"]["seq"] for r in done] == list(range(1, len(done) + 1))
+        await anyio.sleep(0.5)
+        assert (await peer.call("session.get", {"sessionId": sid}))["session"]["seq"] == len(done)
