@@ -89,8 +89,29 @@ def runtime(serve: Serve) -> dict[str, str]:
     return data
 
 
+def emit_over_ws(serve: Serve, session_id: str | None) -> tuple[str, int]:
+    """Create a session (when None) and emit one event into it, over the daemon's WebSocket."""
+    import anyio
+
+    from memento_sessions.auth import issue_token
+    from memento_sessions.embedded.datadir import auth_secret
+    from tests.rpcsocket import rpc
+
+    async def go() -> tuple[str, int]:
+        tok = issue_token(auth_secret(serve.data_dir), "agent-r")
+        async with rpc(serve.port, tok) as peer:
+            sid = session_id or (await peer.call("session.create", {}))["sessionId"]
+            seq = (await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified"}}))["seq"]
+            return sid, seq
+
+    return anyio.run(go)
+
+
 def test_readyz_follows_a_killed_embedded_redis(serve: Serve) -> None:
     wait_for(serve.port, 200, 60)
+    session_id, seq = emit_over_ws(serve, None)
+    assert seq == 1
+    time.sleep(1.2)  # AOF is fsynced every second: the event is on disk before the kill
     os.kill(serve.pid_of("redis"), signal.SIGKILL)
     went_down = wait_for(serve.port, 503, 1.0)
     status, body = readyz(serve.port)
@@ -98,6 +119,8 @@ def test_readyz_follows_a_killed_embedded_redis(serve: Serve) -> None:
     assert went_down < 1.0
     wait_for(serve.port, 200, 15)
     assert redis.Redis.from_url(runtime(serve)["redis_url"]).ping()
+    # the daemon's own connections (Function calls, pub/sub) came back too, and the history survived
+    assert emit_over_ws(serve, session_id) == (session_id, 2)
     assert serve.stop() == 0
 
 
