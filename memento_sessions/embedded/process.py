@@ -76,6 +76,7 @@ class ChildServer:
 
     def __init__(self, directory: Path, port: int) -> None:
         self.directory = directory
+        self.auto_port = port == 0
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self._stopping = False
@@ -102,7 +103,23 @@ class ChildServer:
         return self.directory / f"{self.name}.log"
 
     def start(self, timeout: float = 60.0) -> None:
-        """Start the child and block until it answers; raises EmbeddedStartError."""
+        """Start the child and block until it answers; raises EmbeddedStartError.
+
+        A port we picked ourselves can be taken between picking and binding (another process got it
+        first): then the child exits at once, and we try again on a fresh port.
+        """
+        for attempt in range(3):
+            try:
+                self._start_once(timeout)
+                return
+            except EmbeddedStartError:
+                if not self.auto_port or attempt == 2 or self.proc is None:
+                    raise
+                log.warning("embedded server exited at start; trying another port", server=self.name,
+                            port=self.port)
+                self.port = free_port()
+
+    def _start_once(self, timeout: float) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.prepare()
         with open(self.log_path, "ab") as out:
@@ -119,15 +136,18 @@ class ChildServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise EmbeddedStartError(f"{self.name} exited with {self.proc.returncode}; see {self.log_path}")
-            if self.ping():
+            if self.ping() and self.proc.poll() is None:
                 return
             time.sleep(0.05)
-        self.stop()
+        self._terminate()
         raise EmbeddedStartError(f"{self.name} did not answer within {timeout:.0f}s; see {self.log_path}")
 
     def stop(self, timeout: float = 8.0) -> None:
-        """Stop the child gracefully, then by force; safe to call twice."""
+        """Stop the child gracefully, then by force, and never restart it; safe to call twice."""
         self._stopping = True
+        self._terminate(timeout)
+
+    def _terminate(self, timeout: float = 8.0) -> None:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return

@@ -36,9 +36,18 @@ class EmbeddedRedis(ChildServer):
         ]
 
     def ping(self) -> bool:
+        """Our redis-server answers on our port (its process id, not just any Redis that got the port)."""
+        if self.proc is None:
+            return False
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                sock.sendall(b"PING\r\n")
-                return sock.recv(16).startswith(b"+PONG")
+                sock.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"process_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        break
+                    reply += chunk
         except OSError:
             return False
+        return f"process_id:{self.proc.pid}\r\n".encode() in reply

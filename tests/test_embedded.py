@@ -1,0 +1,40 @@
+"""The embedded servers' start-up: a port taken between picking and binding, a foreign server on it."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import redis
+
+from memento_sessions.embedded.redis import EmbeddedRedis
+from memento_sessions.endpoints import Endpoints
+
+
+def test_a_picked_port_taken_meanwhile_is_replaced_by_another(tmp_path: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        server = EmbeddedRedis(tmp_path / "redis")
+        server.port = taken  # as if another process bound it after we picked it
+        server.start()
+        try:
+            assert server.port != taken
+            assert redis.Redis(port=server.port).ping()
+        finally:
+            server.stop()
+
+
+def test_a_foreign_redis_on_our_port_is_not_taken_for_ours(tmp_path: Path, backend_urls: Endpoints) -> None:
+    """The session's Redis already listens on that port: ours fails to bind, and we must notice."""
+    foreign_port = int(backend_urls.redis_url.rsplit(":", 1)[1].split("/")[0])
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.port = foreign_port
+    server.start()
+    try:
+        assert server.port != foreign_port, "ours moved to another port rather than trusting the foreign server"
+        info = redis.Redis(port=server.port).info("server")
+        assert info["process_id"] == server.proc.pid if server.proc else False
+    finally:
+        server.stop()
