@@ -38,3 +38,18 @@ def test_a_foreign_redis_on_our_port_is_not_taken_for_ours(tmp_path: Path, backe
         assert info["process_id"] == server.proc.pid if server.proc else False
     finally:
         server.stop()
+
+
+def test_a_foreign_postgres_on_our_port_is_not_taken_for_ours(tmp_path: Path, backend_urls: Endpoints) -> None:
+    from memento_sessions.embedded.postgres import EmbeddedPostgres
+
+    foreign_port = int((backend_urls.postgres_dsn or "").rsplit(":", 1)[1].split("/")[0])
+    server = EmbeddedPostgres(tmp_path / "postgres")
+    server.port = foreign_port
+    server.start()
+    try:
+        assert server.port != foreign_port
+        lines = (server.pgdata / "postmaster.pid").read_text().splitlines()
+        assert (lines[3].strip(), lines[7].strip()) == (str(server.port), "ready")
+    finally:
+        server.stop()

@@ -91,5 +91,12 @@ class EmbeddedPostgres(ChildServer):
         ]
 
     def ping(self) -> bool:
-        args = [str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-t", "1", "-q"]
-        return subprocess.run(args, check=False).returncode == 0
+        """Our postmaster says it is ready, on our port (postmaster.pid: pid, ..., port, ..., status)."""
+        if self.proc is None:
+            return False
+        try:
+            lines = (self.pgdata / "postmaster.pid").read_text().splitlines()
+        except OSError:
+            return False
+        return (len(lines) >= 8 and lines[0].strip() == str(self.proc.pid) and lines[3].strip() == str(self.port)
+                and lines[7].strip() == "ready")

@@ -106,11 +106,13 @@ class ChildServer:
         """Start the child and block until it answers; raises EmbeddedStartError.
 
         A port we picked ourselves can be taken between picking and binding (another process got it
-        first): then the child exits at once, and we try again on a fresh port.
+        first): then the child exits at once, and on a first start we try again on a fresh port. A
+        restart keeps its port: the daemon's clients know the server by it.
         """
         for attempt in range(3):
             try:
                 self._start_once(timeout)
+                self.auto_port = False
                 return
             except EmbeddedStartError:
                 if not self.auto_port or attempt == 2 or self.proc is None:
