@@ -9,18 +9,9 @@ last seq it delivered, with the last epoch it saw. Design notes: docs/client.md.
 core.py      Client: the connection, its reader, reconnect and restore, requests, subscription bookkeeping
 methods.py   the typed methods of SPEC section 6 (create_session, emit, get, ...), which Client inherits
 feeds.py     Subscription and Watch, the bounded notification queues a Client hands out, and Event
-errors.py    the exceptions below, and the server's JSON-RPC error codes mapped to RpcError subclasses
+errors.py    the exceptions (hierarchy in its docstring); JSON-RPC error codes mapped to RpcError subclasses
 backoff.py   the jittered exponential backoff between reconnects, and how often a call is retried
 wire.py      request params, their JSON encoding, the 1 MiB frame limit, the bearer token source
-
-MementoError
- +-- RpcError and its subclasses     the server's JSON-RPC errors (memento_sessions.errors)
- +-- ConnectionLost                  the connection dropped before the reply (also a ConnectionError)
- |    +-- ClientClosed               the client was closed, or gave up reconnecting
- +-- RequestTimeout                  no reply within request_timeout (also a TimeoutError)
- +-- RequestTooLarge                 the request frame is over the server's 1 MiB limit (also a ValueError)
- +-- Unauthorized                    the handshake was refused: bad or expired token
- +-- HistoryLost                     a subscription cannot resume without a gap (server said recovered: false)
 """
 
 from memento_sessions.client.backoff import RETRIES, backoff_delay
