@@ -6,6 +6,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memento_sessions.sessions.condense import new_state
+
 Event = dict[str, Any]
 # The KG context of a breakage covers the entities changed last before it: the likeliest culprits, and a
 # bound on the graph work (50 breakages of a 1,000-event session would otherwise ask about thousands).
@@ -24,15 +26,6 @@ class Breakage:
         """The `{fromSeq, toSeq, changeInfo, impact}` of SPEC section 6."""
         return {"fromSeq": self.from_seq, "toSeq": self.event.get("seq"),
                 "changeInfo": self.event.get("changeInfo"), "impact": self.event.get("impact")}
-
-
-def new_state(event: Event) -> str | None:
-    """The state an event sets: its stateTransition.to, else broken for `broke`, working for `test_pass`."""
-    transition = event.get("stateTransition")
-    if transition:
-        to: str = transition["to"]
-        return to
-    return {"broke": "broken", "test_pass": "working"}.get(event.get("type", ""))
 
 
 def entity_ids(event: Event) -> list[str]:

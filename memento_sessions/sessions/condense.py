@@ -10,14 +10,15 @@ def transitions_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every change of working/broken state, in seq order, with the event that made it."""
     state, out = "working", []
     for event in events:
-        new = _new_state(event)
+        new = new_state(event)
         if new and new != state:
             out.append({"seq": event["seq"], "from": state, "to": new, "actor": event.get("actor")})
             state = new
     return out
 
 
-def _new_state(event: dict[str, Any]) -> str | None:
+def new_state(event: dict[str, Any]) -> str | None:
+    """The state a stored event sets: its stateTransition.to, else broken for `broke`, working for `test_pass`."""
     transition = event.get("stateTransition")
     if transition:
         to: str = transition["to"]
