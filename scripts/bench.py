@@ -158,7 +158,7 @@ def floor_args(env: Env, sid: str, count: int = 1) -> tuple[list[str], list[str 
     stamp = iso(now_ms())
     args: list[str | int] = [now_ms(), "bench", keys.session_channel(env.namespace, sid), json.dumps(sid)]
     for _ in range(count):
-        args += ["", event.new_state(), event_body(event, "bench", sid, stamp)]
+        args += ["", event.new_state(), event_body(event, "bench", json.dumps(sid), stamp)]
     return keys.session_keys(env.namespace, sid).all(), args
 
 
@@ -384,7 +384,7 @@ async def bench_memory(env: Env) -> list[Figure]:
     for _ in range(1000):
         await manager.create(env.who())
     per_session = (await used_memory(env) - before) / 1000
-    payload_bytes = len(event_body(events[0], "bench", sid, iso(now_ms()))) + 10
+    payload_bytes = len(event_body(events[0], "bench", json.dumps(sid), iso(now_ms()))) + 10
     return [Figure("Redis memory per stored event", "bytes", per_event, payload_bytes, "", higher_is_better=False),
             Figure("Redis memory per idle session", "bytes", per_session, None, "", higher_is_better=False)]
 

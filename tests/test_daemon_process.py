@@ -32,14 +32,16 @@ def readyz(port: int) -> tuple[int, dict[str, object]]:
         return 0, {}
 
 
-def wait_for(port: int, status: int, timeout: float) -> float:
-    """Seconds until /readyz answers `status`; fails after `timeout`."""
+def wait_for(serve: Serve, status: int, timeout: float) -> float:
+    """Seconds until /readyz answers `status`; fails after `timeout`, or at once if the daemon exited,
+    with the end of its log in the message."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if readyz(port)[0] == status:
+    while time.monotonic() - start < timeout and serve.proc.poll() is None:
+        if readyz(serve.port)[0] == status:
             return time.monotonic() - start
         time.sleep(0.02)
-    raise AssertionError(f"/readyz did not answer {status} within {timeout}s: {readyz(port)}")
+    raise AssertionError(f"/readyz did not answer {status} within {timeout}s: {readyz(serve.port)}; "
+                         f"exit code {serve.proc.poll()}; log ends:\n{serve.log_tail()}")
 
 
 class Serve:
@@ -55,6 +57,10 @@ class Serve:
         self.log = open(data_dir.parent / f"serve-{self.port}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
+
+    def log_tail(self, lines: int = 30) -> str:
+        self.log.flush()
+        return "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-lines:])
 
     def pid_of(self, server: str) -> int:
         path = self.data_dir / ("redis/redis.pid" if server == "redis" else "postgres/pgdata/postmaster.pid")
@@ -108,16 +114,16 @@ def emit_over_ws(serve: Serve, session_id: str | None) -> tuple[str, int]:
 
 
 def test_readyz_follows_a_killed_embedded_redis(serve: Serve) -> None:
-    wait_for(serve.port, 200, 60)
+    wait_for(serve, 200, 60)
     session_id, seq = emit_over_ws(serve, None)
     assert seq == 1
     time.sleep(1.2)  # AOF is fsynced every second: the event is on disk before the kill
     os.kill(serve.pid_of("redis"), signal.SIGKILL)
-    went_down = wait_for(serve.port, 503, 1.0)
+    went_down = wait_for(serve, 503, 1.0)
     status, body = readyz(serve.port)
     assert status == 503 and body["backends"]["redis"] == "down"  # type: ignore[index]
     assert went_down < 1.0
-    wait_for(serve.port, 200, 15)
+    wait_for(serve, 200, 15)
     assert redis.Redis.from_url(runtime(serve)["redis_url"]).ping()
     # the daemon's own connections (Function calls, pub/sub) came back too, and the history survived
     assert emit_over_ws(serve, session_id) == (session_id, 2)
@@ -125,7 +131,7 @@ def test_readyz_follows_a_killed_embedded_redis(serve: Serve) -> None:
 
 
 def test_sigterm_stops_everything_and_a_restart_reuses_the_data(serve: Serve, tmp_path: Path) -> None:
-    wait_for(serve.port, 200, 60)
+    wait_for(serve, 200, 60)
     urls = runtime(serve)
     redis.Redis.from_url(urls["redis_url"]).set("kept", "yes")
     import anyio
@@ -150,7 +156,7 @@ def test_sigterm_stops_everything_and_a_restart_reuses_the_data(serve: Serve, tm
 
     again = Serve(serve.data_dir)
     try:
-        assert wait_for(again.port, 200, 5) < 5
+        assert wait_for(again, 200, 5) < 5
         urls = runtime(again)
         assert redis.Redis.from_url(urls["redis_url"]).get("kept") == b"yes"
 

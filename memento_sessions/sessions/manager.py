@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ from typing import Any
 
 import pydantic_core
 import redis.asyncio as aioredis
+from prometheus_client import Counter
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
@@ -46,19 +48,36 @@ def now_ms() -> int:
 
 def iso(ms: int) -> str:
     """Milliseconds since the epoch as ISO-8601 UTC with a Z."""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return f"{_iso_second(ms // 1000)}.{ms % 1000:03d}Z"
 
 
-def event_body(event: EventIn, actor: str, session_id: str, now: str) -> str:
-    """The stored event's JSON without its opening brace; the Function splices `{"seq":N,` in front."""
-    wire: dict[str, Any] = {"type": event.type, "actor": actor, "sessionId": session_id}
-    wire.update(event.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"type", "actor"}))
-    wire.setdefault("timestamp", now)
-    text = pydantic_core.to_json(wire).decode()
-    if len(text) + 24 > MAX_EVENT_BYTES:
-        raise InvalidParams("event too large", [{"field": "event", "message": f"{len(text)} bytes encoded; "
+@functools.lru_cache(maxsize=4)
+def _iso_second(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def json_text(value: str) -> str:
+    """A string as a JSON string literal."""
+    return pydantic_core.to_json(value).decode()
+
+
+_NOT_IN_REST = {"type", "actor"}
+
+
+def event_body(event: EventIn, actor: str, session_json: str, now: str) -> str:
+    """The stored event's JSON without its opening brace; the Function splices `{"seq":N,` in front.
+
+    Its keys: type, actor, sessionId (`session_json`, already a JSON string), the event's other fields
+    in model order, and the server's `timestamp` last when the client sent none.
+    """
+    rest = event.model_dump_json(by_alias=True, exclude_none=True, exclude=_NOT_IN_REST)[1:-1]
+    stamp = "" if event.timestamp else f',"timestamp":"{now}"'
+    text = (f'"type":{json_text(event.type)},"actor":{json_text(actor)},"sessionId":{session_json}'
+            f'{"," if rest else ""}{rest}{stamp}}}')
+    if len(text) + 25 > MAX_EVENT_BYTES:
+        raise InvalidParams("event too large", [{"field": "event", "message": f"{len(text) + 1} bytes encoded; "
                                                  f"at most {MAX_EVENT_BYTES}"}])
-    return text[1:]
+    return text
 
 
 def check_actor(event: EventIn, who: Identity, field: str) -> None:
@@ -82,6 +101,12 @@ def session_view(session_id: str, fields: dict[str, str], agents: Sequence[str],
         view["parentSessionId"] = fields["parentSessionId"]
         view["forkedAtSeq"] = int(fields.get("forkedAtSeq") or 0)
     return view
+
+
+@functools.cache
+def events_counter(event_type: str) -> Counter:
+    """The `memento_events_total` child of a type (types outside KNOWN_TYPES count as `other`)."""
+    return EVENTS.labels(event_type if event_type in KNOWN_TYPES else "other")
 
 
 class SessionManager:
@@ -152,17 +177,16 @@ class SessionManager:
     async def _emit(self, who: Identity, session_id: str, events: Sequence[EventIn]) -> list[Emitted]:
         started = time.perf_counter()
         now = now_ms()
-        stamp = iso(now)
-        args: list[str | int] = [now, who.agent_id, keys.session_channel(who.namespace, session_id),
-                                 pydantic_core.to_json(session_id).decode()]
+        stamp, session_json = iso(now), json_text(session_id)
+        args: list[str | int] = [now, who.agent_id, keys.session_channel(who.namespace, session_id), session_json]
         for event in events:
-            args += [event.id or "", event.new_state(), event_body(event, who.agent_id, session_id, stamp)]
+            args += [event.id or "", event.new_state(), event_body(event, who.agent_id, session_json, stamp)]
         flat = await self.store.call("ms_emit", keys.session_keys(who.namespace, session_id), *args)
         done = [Emitted(int(flat[2 * i]), flat[2 * i + 1] == 1, event) for i, event in enumerate(events)]
         EMIT_SECONDS.observe(time.perf_counter() - started)
         for item in done:
             if not item.duplicate:
-                EVENTS.labels(item.event.type if item.event.type in KNOWN_TYPES else "other").inc()
+                events_counter(item.event.type).inc()
         for listener in self.listeners:
             listener(who.namespace, session_id, done)
         return done
