@@ -65,7 +65,7 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             session_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
-            bridge_methods.register(registry, SessionBridge(manager, backends))
+            bridge_methods.register(registry, SessionBridge(manager, backends, settings.bridge_cache_events))
             async with serve_mcp(settings, registry) as mcp_app:
                 yield Services(settings, backends, registry, manager, fanout, checkpointer, tg, mcp_app)
             tg.cancel_scope.cancel()

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-import pydantic_core
-
 from memento_sessions import keys
+from memento_sessions.bridge.cache import EventCache, decode
 from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import SESSION_ANCHORS
-from memento_sessions.bridge.timeline import Event
+from memento_sessions.bridge.timeline import Breakage, Event
 from memento_sessions.checkpoints.snapshots import Snapshot, Snapshots
 from memento_sessions.errors import NotFound
 from memento_sessions.sessions.manager import SessionManager, session_view
@@ -28,12 +27,7 @@ class Record:
     source: Literal["live", "archive"]
     anchors: list[Anchor] | None = None  # loaded with the archive; the live path asks when it needs them
     snapshot: str | None = None  # checkpoint id of the failure snapshot used, if any
-
-
-def decode(members: list[str]) -> list[Event]:
-    """Stored event JSON to dicts."""
-    # Keys repeat across events, values rarely do: caching only keys is ~20 % faster here.
-    return [pydantic_core.from_json(member, cache_strings="keys") for member in members]
+    breaks: list[Breakage] | None = None  # every breakage of `events`, when already known
 
 
 async def read_live(manager: SessionManager, namespace: str, session_id: str, tail: int | None) -> Record:
@@ -51,6 +45,13 @@ async def read_live(manager: SessionManager, namespace: str, session_id: str, ta
     if not fields:
         raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
     return Record(session_view(session_id, fields, list(agents), pttl), decode(members), "live")
+
+
+async def read_breaks(manager: SessionManager, cache: EventCache, namespace: str, session_id: str) -> Record:
+    """The live session with its breakages but no events (the cache folds only new ones); NotFound once
+    it expired."""
+    session, entry = await cache.read(manager, namespace, session_id)
+    return Record(session, [], "live", breaks=list(entry.fold.found))
 
 
 async def session_anchors(graphs: NamespaceGraphs, namespace: str, session_id: str) -> list[Anchor]:

@@ -14,7 +14,8 @@ from typing import Any
 
 from memento_sessions.backends import Backends
 from memento_sessions.bridge import advice
-from memento_sessions.bridge.archive import Anchor, Record, read_archive, read_live, session_anchors, stamp
+from memento_sessions.bridge.archive import Anchor, Record, read_archive, read_breaks, read_live, session_anchors, stamp
+from memento_sessions.bridge.cache import EventCache
 from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT, TRANSITION_CONTEXT
 from memento_sessions.bridge.timeline import breakages, by_actor, perf_sum, touched
@@ -41,17 +42,18 @@ def timed(query: str) -> Iterator[None]:
 class SessionBridge:
     """transitions, isolate, handoff and outcomes over one daemon's manager and backends."""
 
-    def __init__(self, manager: SessionManager, backends: Backends) -> None:
+    def __init__(self, manager: SessionManager, backends: Backends, cache_events: int = 0) -> None:
         self.manager = manager
         self.backends = backends
+        self.cache = EventCache(cache_events)
         self.graphs = NamespaceGraphs(backends)
         self.snapshots = Snapshots(backends.postgres)
 
     async def transitions(self, ns: str, session_id: str, entity_id: str | None = None) -> Result:
         """Every working-to-broken transition, with the KG context of the entities changed before it."""
         with timed("transitions"):
-            record = await self._record(ns, session_id)
-            found = breakages(record.events, entity_id)
+            record = await self._record(ns, session_id, breaks_only=entity_id is None)
+            found = record.breaks if record.breaks is not None else breakages(record.events, entity_id)
             items = [b.view() for b in found]
             windows = [list(b.window) for b in found]
             if not record.events and record.anchors:
@@ -105,8 +107,10 @@ class SessionBridge:
                     "avgPerfDelta": sum(deltas) / len(deltas) if deltas else None,
                     "brokenCount": sum(1 for a in recent if a.get("outcome") == "broken")}
 
-    async def _record(self, ns: str, session_id: str, tail: int | None = None) -> Record:
+    async def _record(self, ns: str, session_id: str, tail: int | None = None, breaks_only: bool = False) -> Record:
         try:
+            if breaks_only:
+                return await read_breaks(self.manager, self.cache, ns, session_id)
             return await read_live(self.manager, ns, session_id, tail)
         except NotFound:
             return await read_archive(self.snapshots, self.graphs, ns, session_id)

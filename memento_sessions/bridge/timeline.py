@@ -41,19 +41,35 @@ def breakages(events: Iterable[Event], entity_id: str | None = None) -> list[Bre
     working; 0 when none did), so the events after it up to `toSeq` are the suspects, and the window is
     the last SUSPECTS distinct entities they changed (a re-changed entity counts as changed last).
     """
-    found: list[Breakage] = []
-    state, last_ok, window = "working", 0, dict[str, None]()
-    for event in events:
-        for entity in entity_ids(event):
-            window.pop(entity, None)
-            window[entity] = None
-        new = new_state(event)
-        if new == "broken" and state == "working" and (entity_id is None or entity_id in window):
-            found.append(Breakage(last_ok, event, tuple(window)[-SUSPECTS:]))
-        state = new or state
-        if state == "working" and (new == "working" or event.get("type") == "start"):
-            last_ok, window = int(event["seq"]), {}
-    return found
+    fold = BreakageFold(entity_id)
+    fold.feed(events)
+    return fold.found
+
+
+class BreakageFold:
+    """`breakages` as a left fold over the events, so more events can be fed later (bridge/cache.py)."""
+
+    __slots__ = ("entity_id", "found", "last_ok", "state", "window")
+
+    def __init__(self, entity_id: str | None = None) -> None:
+        self.entity_id = entity_id
+        self.found: list[Breakage] = []
+        self.state, self.last_ok, self.window = "working", 0, dict[str, None]()
+
+    def feed(self, events: Iterable[Event]) -> None:
+        """Advance over `events`, the next ones in seq order."""
+        state, last_ok, window, found, wanted = self.state, self.last_ok, self.window, self.found, self.entity_id
+        for event in events:
+            for entity in entity_ids(event):
+                window.pop(entity, None)
+                window[entity] = None
+            new = new_state(event)
+            if new == "broken" and state == "working" and (wanted is None or wanted in window):
+                found.append(Breakage(last_ok, event, tuple(window)[-SUSPECTS:]))
+            state = new or state
+            if state == "working" and (new == "working" or event.get("type") == "start"):
+                last_ok, window = int(event["seq"]), {}
+        self.state, self.last_ok, self.window = state, last_ok, window
 
 
 def by_actor(events: Iterable[Event], agent_id: str) -> list[Event]:

@@ -1,0 +1,97 @@
+"""Where each live session's breakages stand, kept between calls: `bridge.transitions` reads and decodes
+only the events stored since its last call on the session.
+
+A stored event never changes: one Redis Function call gives each event the next seq, and a session
+re-created under the same id gets a new epoch. So the breakages found over a session's first N events
+of an epoch stay true, and the fold that found them (timeline.BreakageFold) resumes at event N + 1
+(a snapshot plus the events after it, as in event sourcing). Only the fold is kept, not the events:
+holding thousands of decoded events made every full garbage collection walk them (100 ms pauses in
+the bench). Bounded by the breaking events held in all (MEMENTO_BRIDGE_CACHE_EVENTS), least recently
+used session out first; 0 turns the cache off. docs/bridge.md has the figures.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import pydantic_core
+
+from memento_sessions.bridge.timeline import BreakageFold, Event
+from memento_sessions.errors import NotFound
+from memento_sessions.sessions.manager import SessionManager
+
+
+@dataclass
+class Entry:
+    """One session's epoch, the last seq folded in, and the fold."""
+
+    epoch: str
+    last_seq: int = 0
+    fold: BreakageFold = field(default_factory=BreakageFold)
+
+    @property
+    def size(self) -> int:
+        """What the entry holds, counted in events: the breaking ones, plus one for the rest."""
+        return len(self.fold.found) + 1
+
+    def extend(self, fresh: list[Event]) -> None:
+        """Fold in the events after the last one folded (a concurrent call may have folded some already)."""
+        new = [event for event in fresh if int(event["seq"]) > self.last_seq]
+        if new:
+            self.fold.feed(new)
+            self.last_seq = int(new[-1]["seq"])
+
+
+def decode(members: list[str]) -> list[Event]:
+    """Stored event JSON to dicts, in one parser call (keys repeat across events, so only keys are cached)."""
+    events: list[Event] = pydantic_core.from_json(f"[{','.join(members)}]", cache_strings="keys")
+    return events
+
+
+class EventCache:
+    """Breakage folds by (namespace, session id), holding at most `limit` events in all."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._entries: OrderedDict[tuple[str, str], tuple[Entry, int]] = OrderedDict()  # entry, events counted
+        self.size = 0
+
+    async def read(self, manager: SessionManager, ns: str, session_id: str) -> tuple[dict[str, Any], Entry]:
+        """The live session's view and its entry, brought up to date; NotFound once it expired."""
+        key = (ns, session_id)
+        held = self._get(key)
+        try:
+            session, members = await manager.read(ns, session_id, held.last_seq if held else 0)
+            if held is not None and session["epoch"] != held.epoch:  # re-created since: start over
+                session, members = await manager.read(ns, session_id)
+        except NotFound:
+            self._forget(key)
+            raise
+        entry = self._get(key)  # another call may have replaced or evicted it meanwhile
+        if entry is None or entry.epoch != session["epoch"]:
+            # `members` continue `held` when it is of this epoch, else they are every event (a full read)
+            entry = held if held is not None and held.epoch == session["epoch"] else Entry(session["epoch"])
+        entry.extend(decode(members))
+        self._keep(key, entry)
+        return session, entry
+
+    def _get(self, key: tuple[str, str]) -> Entry | None:
+        held = self._entries.get(key)
+        return held[0] if held else None
+
+    def _keep(self, key: tuple[str, str], entry: Entry) -> None:
+        self._forget(key)
+        if entry.size > self.limit:
+            return
+        self._entries[key] = (entry, entry.size)
+        self.size += entry.size
+        while self.size > self.limit:
+            _, (_, counted) = self._entries.popitem(last=False)
+            self.size -= counted
+
+    def _forget(self, key: tuple[str, str]) -> None:
+        held = self._entries.pop(key, None)
+        if held is not None:
+            self.size -= held[1]

@@ -1,0 +1,108 @@
+"""The bridge's breakage cache: cached answers equal uncached ones, new events and re-creation are seen,
+the bound holds."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from memento_sessions.auth import Identity
+from memento_sessions.backends import Backends
+from memento_sessions.bridge.bridge import SessionBridge
+from memento_sessions.bridge.graph import NamespaceGraphs
+from memento_sessions.errors import NotFound
+from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.sessions.models import EventIn
+from memento_sessions.settings import Settings
+
+pytestmark = pytest.mark.anyio
+
+
+def who(namespace: str, agent: str = "alice") -> Identity:
+    return Identity(agent, namespace, frozenset({"sessions:read", "sessions:write"}))
+
+
+def random_events(rng: random.Random, count: int) -> list[EventIn]:
+    """Edits on a few entities with breaks and fixes mixed in."""
+    kinds = ["modified"] * 6 + ["broke", "test_pass", "start"]
+    return [EventIn.model_validate({"type": rng.choice(kinds), "changeInfo": {"entityIds": rng.sample(
+        ["fn:a", "fn:b", "fn:c", "fn:d", "fn:e", "fn:f", "fn:g"], 2)}, "impact": {"perfDelta": rng.randint(-3, 3)}})
+        for _ in range(count)]
+
+
+async def answers(bridge: SessionBridge, namespace: str, sid: str) -> list[Any]:
+    return [await bridge.transitions(namespace, sid), await bridge.transitions(namespace, sid, "fn:c"),
+            await bridge.isolate(namespace, sid, "alice"), await bridge.isolate(namespace, sid, "bob")]
+
+
+async def test_cached_answers_equal_uncached_ones_as_events_arrive(settings: Settings, backends: Backends,
+                                                                   namespace: str) -> None:
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    cached, uncached = SessionBridge(manager, backends, 10_000), SessionBridge(manager, backends, 0)
+    sid = (await manager.create(who(namespace)))["sessionId"]
+    rng = random.Random(5)
+    for round_ in range(12):
+        for event in random_events(rng, rng.randint(0, 25)):
+            await manager.emit(who(namespace, rng.choice(["alice", "bob"])), sid, event)
+        assert await answers(cached, namespace, sid) == await answers(uncached, namespace, sid), round_
+    transitions = (await cached.transitions(namespace, sid))["transitions"]
+    assert len(transitions) >= 5  # the random session did break, so the comparison compared something
+    assert cached.cache.size == len(transitions) + 1  # the breaking events held, plus one for the entry
+    assert uncached.cache.size == 0
+
+
+async def test_a_session_recreated_under_its_id_is_read_afresh(settings: Settings, backends: Backends,
+                                                               namespace: str) -> None:
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    bridge = SessionBridge(manager, backends, 10_000)
+    sid = (await manager.create(who(namespace), session_id="reused"))["sessionId"]
+    for kind in ("modified", "broke", "modified", "broke"):
+        await manager.emit(who(namespace), sid, EventIn(type=kind))
+    assert [t["toSeq"] for t in (await bridge.transitions(namespace, sid))["transitions"]] == [2]
+    await backends.redis.delete(*[f"ms:{namespace}:{{reused}}:{part}" for part in ("session", "events", "agents")])
+    with pytest.raises(NotFound):
+        await bridge.cache.read(manager, namespace, sid)
+    assert bridge.cache.size == 0
+    await manager.create(who(namespace), session_id="reused")
+    for kind in ("modified", "modified", "modified", "broke", "test_pass"):
+        await manager.emit(who(namespace), sid, EventIn(type=kind))
+    result = await bridge.transitions(namespace, sid)
+    assert [(t["fromSeq"], t["toSeq"]) for t in result["transitions"]] == [(0, 4)]
+    assert (await bridge.isolate(namespace, sid, "alice"))["events"][-1]["seq"] == 5
+
+
+async def test_the_cache_holds_at_most_its_limit_of_events(settings: Settings, backends: Backends,
+                                                           namespace: str) -> None:
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    bridge = SessionBridge(manager, backends, 25)
+    flapping = [EventIn(type=kind) for kind in ("broke", "test_pass") * 10]  # 10 breakages: 11 held
+    for _ in range(4):
+        sid = (await manager.create(who(namespace)))["sessionId"]
+        await manager.emit_batch(who(namespace), sid, flapping)
+        assert len((await bridge.transitions(namespace, sid))["transitions"]) == 10
+        assert bridge.cache.size <= 25
+    assert bridge.cache.size == 22  # the two most recently read sessions
+    big = (await manager.create(who(namespace)))["sessionId"]
+    await manager.emit_batch(who(namespace), big, flapping * 3)
+    assert len((await bridge.transitions(namespace, big))["transitions"]) == 30  # answered, not kept
+    assert bridge.cache.size == 22
+
+
+async def test_compact_graph_replies_read_as_the_falkordb_client_reads_them(backends: Backends, graph: Any,
+                                                                           namespace: str) -> None:
+    """The bridge reads FalkorDB's compact replies itself; every kind of value its queries return."""
+    await graph.query("CREATE (:CodebaseEntity {id: 'x'})")
+    query = ("MATCH (e:CodebaseEntity {id: $id}) RETURN null, 'text ü \"q\"', 42, -7, true, false, 2.5, "
+             "[1, 'a', [null, e.id]], {k: 1, m: {n: 'v', l: [true]}}, properties(e)")
+    ours = await NamespaceGraphs(backends).rows(namespace, query, {"id": "x"})
+    theirs = (await graph.ro_query(query, {"id": "x"})).result_set
+    assert ours == theirs == [[None, 'text ü "q"', 42, -7, True, False, 2.5, [1, "a", [None, "x"]],
+                               {"k": 1, "m": {"n": "v", "l": [True]}}, {"id": "x"}]]
+    assert await NamespaceGraphs(backends).rows(namespace, "MATCH (n:Nothing) RETURN n.id", {}) == []
+    with pytest.raises(ValueError, match="compact type 8"):
+        await NamespaceGraphs(backends).rows(namespace, "MATCH (e:CodebaseEntity) RETURN e", {})
