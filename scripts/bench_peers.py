@@ -76,7 +76,7 @@ async def agents_sdk(redis_url: str, payload: dict[str, Any], sequential: int, a
         per_append = (await redis_commands(client) - before) / WARM_UP
         many = [RedisSession(f"{run}-agent{n}", redis_client=client, key_prefix=REDIS_PREFIX)
                 for n in range(agents)]
-        conc = await concurrently(agents, per_agent, lambda n: many[n].add_items([payload]))
+        conc = await concurrently(agents, per_agent, lambda n: many[n].add_items([payload])) if agents else None
         stored = len(await one.get_items())
     finally:
         await client.aclose()
@@ -163,7 +163,7 @@ if __name__ == "__main__":
     parser.add_argument("--postgres-dsn", required=True, help="postgresql://user@host:port/db")
     parser.add_argument("--payload", required=True, help="the event payload, a JSON object")
     parser.add_argument("--sequential", type=int, default=300, help="RedisSession sequential appends")
-    parser.add_argument("--agents", type=int, default=64, help="RedisSession concurrent agents")
+    parser.add_argument("--agents", type=int, default=64, help="RedisSession concurrent agents (0: none)")
     parser.add_argument("--per-agent", type=int, default=5, help="RedisSession appends per concurrent agent")
     parser.add_argument("--adk-sequential", type=int, default=300, help="ADK sequential appends")
     asyncio.run(main(parser.parse_args()))

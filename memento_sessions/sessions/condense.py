@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from memento_sessions.sessions.models import STATE_OF_TYPE
+
 
 def transitions_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every change of working/broken state, in seq order, with the event that made it."""
@@ -23,7 +25,7 @@ def new_state(event: dict[str, Any]) -> str | None:
     if transition:
         to: str = transition["to"]
         return to
-    return {"broke": "broken", "test_pass": "working"}.get(event.get("type", ""))
+    return STATE_OF_TYPE.get(event.get("type", ""))
 
 
 def condense(events: list[dict[str, Any]]) -> dict[str, Any]:

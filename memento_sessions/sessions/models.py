@@ -22,6 +22,7 @@ MAX_EVENT_BYTES = 64 * 1024
 MAX_DATA_BYTES = 16 * 1024
 MAX_BATCH = 500
 KNOWN_TYPES = frozenset({"start", "modified", "broke", "test_pass", "checkpoint", "handoff"})
+STATE_OF_TYPE = {"broke": "broken", "test_pass": "working"}  # the state an event type sets without a stateTransition
 
 
 class Strict(BaseModel):
@@ -75,7 +76,7 @@ class EventIn(Strict):
         """The session state this event sets ('' when it sets none)."""
         if self.stateTransition is not None:
             return self.stateTransition.to
-        return {"broke": "broken", "test_pass": "working"}.get(self.type, "")
+        return STATE_OF_TYPE.get(self.type, "")
 
 
 class SessionInfo(BaseModel):

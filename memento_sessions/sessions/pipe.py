@@ -31,7 +31,7 @@ class _Protocol(asyncio.Protocol):
     """One connection: an outbox flushed once per loop turn, and the callers waiting in reply order."""
 
     def __init__(self) -> None:
-        self.reader = hiredis.Reader(replyError=ResponseError)
+        self.reader = hiredis.Reader(encoding="utf-8", replyError=ResponseError)  # text, as the Functions reply
         self.waiting: deque[asyncio.Future[Any]] = deque()
         self.outbox: list[bytes] = []
         self.transport: asyncio.Transport | None = None
@@ -115,7 +115,8 @@ class Pipe:
         return url.startswith(("redis://", "rediss://", "unix://"))
 
     async def call(self, *args: str | int | float) -> Any:
-        """Send one command (in the same write as the others of this loop turn) and await its reply."""
+        """Send one command (in the same write as the others of this loop turn) and await its reply
+        (bulk strings as str)."""
         protocol = await self._connected()
         return await protocol.send(pack(args))  # the connection's watchdog enforces CALL_TIMEOUT
 

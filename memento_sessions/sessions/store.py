@@ -46,17 +46,8 @@ class FunctionStore:
 
     async def _fcall(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...]) -> Any:
         if self.pipe is not None:
-            return decode(await self.pipe.call("FCALL", function, 4, *keys.all(), *args))
+            return await self.pipe.call("FCALL", function, 4, *keys.all(), *args)
         return await self.redis.fcall(function, 4, *keys.all(), *args)
-
-
-def decode(reply: Any) -> Any:
-    """Bulk strings from the pipe arrive as bytes; the Functions return ASCII text and integers."""
-    if isinstance(reply, bytes):
-        return reply.decode()
-    if isinstance(reply, list):
-        return [decode(item) for item in reply]
-    return reply
 
 
 def translate(message: str) -> Exception:
