@@ -309,8 +309,7 @@ async def publish_floor(env: Env, subscribers: int, per_second: int, count: int)
     """Per receiver, latency of a bare PUBLISH to bare RESP subscribers, same shape."""
     channel = f"bench-floor-{time.time_ns()}"
     samples: list[list[float]] = [[] for _ in range(subscribers)]
-    host, port = env.redis_url.split("//")[1].split("/")[0].split(":")
-    receivers = [await lean_pubsub(host, int(port), channel, samples[n], count) for n in range(subscribers)]
+    receivers = [await lean_pubsub(env.redis_url, channel, samples[n], count) for n in range(subscribers)]
     await paced(per_second, count, lambda: env.redis.publish(channel, str(time.perf_counter_ns())))
     await finish(receivers)
     return samples

@@ -150,7 +150,7 @@ async def bench_bridge(env: Env) -> list[Figure]:
     entity_ids = await load_fixture(env, 10_000)
     manager = env.manager()
     events = session_events(entity_ids, 1000)
-    count, firsts = (100, 20) if env.quick else (500, 100)
+    count, firsts = (100, 20) if env.quick else (500, 200)
     sids = [await bridge_session(env, manager, events) for _ in range(firsts + 1)]
     sid = sids.pop()
     async with ws(env, "bridge-reader") as peer:

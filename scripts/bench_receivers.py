@@ -14,6 +14,8 @@ import time
 
 import hiredis
 
+from memento_sessions.resp import Address, connect
+
 
 def latency_ms(payload: bytes, now: int) -> float | None:
     """Milliseconds since the `t0` (perf_counter_ns) the sender embedded in the payload."""
@@ -141,9 +143,10 @@ class LeanPubSub(Receiver):
                 self.record((now - int(reply[2])) / 1e6)
 
 
-async def lean_pubsub(host: str, port: int, channel: str, samples: list[float], count: int) -> LeanPubSub:
-    """Connect and SUBSCRIBE; returns once Redis confirmed."""
-    _, proto = await asyncio.get_running_loop().create_connection(lambda: LeanPubSub(samples, count), host, port)
+async def lean_pubsub(url: str, channel: str, samples: list[float], count: int) -> LeanPubSub:
+    """Connect (as the daemon's pub/sub connection does, TCP or unix socket) and SUBSCRIBE; returns once
+    Redis confirmed."""
+    proto = await connect(Address.parse(url), lambda: LeanPubSub(samples, count))
     assert proto.transport is not None
     proto.transport.write(f"*2\r\n$9\r\nSUBSCRIBE\r\n${len(channel)}\r\n{channel}\r\n".encode())
     await proto.subscribed

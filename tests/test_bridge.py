@@ -397,13 +397,13 @@ def test_from_seq_is_the_last_event_that_showed_the_session_working() -> None:
             event["changeInfo"] = {"entityIds": [entity]}
         return event
 
-    assert [(b.from_seq, b.event["seq"], b.window) for b in breakages([ev(1, "broke", entity="a")])] == [
+    assert [(b.from_seq, b.to_seq, b.window) for b in breakages([ev(1, "broke", entity="a")])] == [
         (0, 1, ("a",))], "broken by the first event: nothing showed it working yet"
     events = [ev(1, "modified", entity="a"), ev(2, "note", to="working"), ev(3, "modified", entity="b"),
               ev(4, "modified", to="broken", entity="c"), ev(5, "test_pass"), ev(6, "broke"), ev(7, "broke")]
-    assert [(b.from_seq, b.event["seq"], b.window) for b in breakages(events)] == [(2, 4, ("b", "c")), (5, 6, ())]
-    assert [b.event["seq"] for b in breakages(events, "a")] == [], "a changed before the session last worked"
+    assert [(b.from_seq, b.to_seq, b.window) for b in breakages(events)] == [(2, 4, ("b", "c")), (5, 6, ())]
+    assert [b.to_seq for b in breakages(events, "a")] == [], "a changed before the session last worked"
     many = [ev(i, "modified", entity=f"e{i}") for i in range(1, 9)] + [ev(9, "modified", entity="e2"), ev(10, "broke")]
     (long_window,) = breakages(many)
     assert long_window.window == ("e5", "e6", "e7", "e8", "e2"), "the five changed last, e2 re-changed last"
-    assert [b.event["seq"] for b in breakages(many, "e1")] == [10], "the filter still sees the whole window"
+    assert [b.to_seq for b in breakages(many, "e1")] == [10], "the filter still sees the whole window"

@@ -3,6 +3,7 @@ the bound holds."""
 
 from __future__ import annotations
 
+import gc
 import random
 from typing import Any
 
@@ -52,6 +53,9 @@ async def test_cached_answers_equal_uncached_ones_as_events_arrive(settings: Set
     assert len(transitions) >= 5  # the random session did break, so the comparison compared something
     assert cached.cache.size == len(transitions) + 1  # the breaking events held, plus one for the entry
     assert uncached.cache.size == 0
+    gc.collect()
+    (entry, _), = cached.cache._entries.values()
+    assert not any(gc.is_tracked(b) for b in entry.fold.found), "held breakages stay out of the collector's way"
 
 
 async def test_a_session_recreated_under_its_id_is_read_afresh(settings: Settings, backends: Backends,

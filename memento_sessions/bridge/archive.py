@@ -51,7 +51,7 @@ async def read_breaks(manager: SessionManager, cache: EventCache, namespace: str
     """The live session with its breakages but no events (the cache folds only new ones); NotFound once
     it expired."""
     session, entry = await cache.read(manager, namespace, session_id)
-    return Record(session, [], "live", breaks=list(entry.fold.found))
+    return Record(session, [], "live", breaks=entry.fold.breakages())
 
 
 async def session_anchors(graphs: NamespaceGraphs, namespace: str, session_id: str) -> list[Anchor]:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import pydantic_core
 
 from memento_sessions.sessions.condense import new_state
 
@@ -14,18 +15,31 @@ Event = dict[str, Any]
 SUSPECTS = 5
 
 
-@dataclass(frozen=True, slots=True)
-class Breakage:
-    """One working-to-broken transition and the entities changed last since the session last worked."""
+Found = tuple[int, int, str, tuple[str, ...]]  # a Breakage's fields as a plain tuple
+
+
+def found(from_seq: int, event: Event, window: tuple[str, ...]) -> Found:
+    """A breakage as the fold keeps it: fromSeq, toSeq, the event's changeInfo and impact as JSON, window."""
+    detail = {"changeInfo": event.get("changeInfo"), "impact": event.get("impact")}
+    return from_seq, int(event["seq"]), pydantic_core.to_json(detail).decode(), window
+
+
+class Breakage(NamedTuple):
+    """One working-to-broken transition and the entities changed last since the session last worked.
+
+    Only ints and strings: the fold keeps each as a plain tuple, which the collector stops tracking once
+    it has seen it. The bridge's cache holds thousands, and the decoded events it held at first made
+    every full collection slower (docs/bridge.md).
+    """
 
     from_seq: int
-    event: Event
+    to_seq: int
+    detail: str  # the breaking event's {"changeInfo", "impact"} as JSON
     window: tuple[str, ...]
 
     def view(self) -> dict[str, Any]:
         """The `{fromSeq, toSeq, changeInfo, impact}` of SPEC section 6."""
-        return {"fromSeq": self.from_seq, "toSeq": self.event.get("seq"),
-                "changeInfo": self.event.get("changeInfo"), "impact": self.event.get("impact")}
+        return {"fromSeq": self.from_seq, "toSeq": self.to_seq, **pydantic_core.from_json(self.detail)}
 
 
 def entity_ids(event: Event) -> list[str]:
@@ -43,7 +57,7 @@ def breakages(events: Iterable[Event], entity_id: str | None = None) -> list[Bre
     """
     fold = BreakageFold(entity_id)
     fold.feed(events)
-    return fold.found
+    return fold.breakages()
 
 
 class BreakageFold:
@@ -53,23 +67,27 @@ class BreakageFold:
 
     def __init__(self, entity_id: str | None = None) -> None:
         self.entity_id = entity_id
-        self.found: list[Breakage] = []
+        self.found: list[Found] = []
         self.state, self.last_ok, self.window = "working", 0, dict[str, None]()
 
     def feed(self, events: Iterable[Event]) -> None:
         """Advance over `events`, the next ones in seq order."""
-        state, last_ok, window, found, wanted = self.state, self.last_ok, self.window, self.found, self.entity_id
+        state, last_ok, window, seen, wanted = self.state, self.last_ok, self.window, self.found, self.entity_id
         for event in events:
             for entity in entity_ids(event):
                 window.pop(entity, None)
                 window[entity] = None
             new = new_state(event)
             if new == "broken" and state == "working" and (wanted is None or wanted in window):
-                found.append(Breakage(last_ok, event, tuple(window)[-SUSPECTS:]))
+                seen.append(found(last_ok, event, tuple(window)[-SUSPECTS:]))
             state = new or state
             if state == "working" and (new == "working" or event.get("type") == "start"):
                 last_ok, window = int(event["seq"]), {}
         self.state, self.last_ok, self.window = state, last_ok, window
+
+    def breakages(self) -> list[Breakage]:
+        """Every breakage found so far, in seq order."""
+        return [Breakage._make(item) for item in self.found]
 
 
 def by_actor(events: Iterable[Event], agent_id: str) -> list[Event]:
