@@ -18,7 +18,6 @@ the value and the peer's as the floor, so the ratio is memento / peer.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import statistics
@@ -44,6 +43,7 @@ from bench_receivers import lean_pubsub, lean_subscriber
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity, issue_token
+from memento_sessions.daemon import settle_gc
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
 from memento_sessions.embedded.redis import EmbeddedRedis
@@ -575,8 +575,7 @@ async def measure(env: Env, only: list[str] | None) -> list[Figure]:
         if only and name not in only:
             continue
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
-        gc.collect()
-        gc.freeze()  # as the daemon does after start-up: in-process sections run with the same GC setting
+        settle_gc()  # as the daemon does after start-up: in-process sections run with the same GC settings
         result = await section(env)
         for figure in result if isinstance(result, list) else [result]:
             judge(figure)
