@@ -53,9 +53,11 @@ async def fetch(postgres: Postgres, query: str, *args: Any) -> list[asyncpg.Reco
 
 async def test_store_is_idempotent_on_checkpoint_id(store: Snapshots, postgres: Postgres, namespace: str) -> None:
     cp = checkpoint()
+    counted = REGISTRY.get_sample_value("memento_failure_snapshots_total") or 0.0
     first = await store.store_snapshot(namespace, "s-1", cp, "broken", EVENTS)
     again = await store.store_snapshot(namespace, "s-1", cp, "broken", EVENTS + EVENTS, NOW + timedelta(days=3))
     assert first == again
+    assert REGISTRY.get_sample_value("memento_failure_snapshots_total") == counted + 1, "a re-run is not counted"
     found = await fetch(postgres, "SELECT id, outcome, events::text FROM session_snapshots "
                                   "WHERE checkpoint_id = $1", cp)
     assert [(row["id"], row["outcome"], json.loads(row["events"])) for row in found] == [(first, "broken", EVENTS)]

@@ -28,7 +28,7 @@ from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
 from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
-from memento_sessions.metrics import CHECKPOINTS, FAILURE_SNAPSHOTS, KG_ANCHORS_WRITTEN
+from memento_sessions.metrics import CHECKPOINTS, KG_ANCHORS_WRITTEN
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import Emitted, SessionManager, now_ms
 from memento_sessions.settings import Settings
@@ -185,7 +185,6 @@ class Checkpointer:
                         error=repr(exc))
             self._spawn_retry(namespace, session_id, cp_id, events)
             return {"snapshotPending": True}
-        FAILURE_SNAPSHOTS.inc()
         return {"snapshotId": snapshot_id}
 
     def _spawn_retry(self, namespace: str, session_id: str, cp_id: str, events: list[dict[str, Any]]) -> None:
@@ -193,7 +192,6 @@ class Checkpointer:
             self.in_flight += 1
             try:
                 await self.snapshots.retry_store(namespace, session_id, cp_id, "broken", events)
-                FAILURE_SNAPSHOTS.inc()
                 log.info("deferred failure snapshot stored", checkpoint_id=cp_id)
             finally:
                 self.in_flight -= 1

@@ -21,7 +21,7 @@ from asyncpg.pool import PoolConnectionProxy
 from memento_sessions.backends import UNAVAILABLE, Postgres
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
-from memento_sessions.metrics import BACKEND_ERRORS
+from memento_sessions.metrics import BACKEND_ERRORS, FAILURE_SNAPSHOTS
 
 log = get_logger(__name__)
 
@@ -163,6 +163,7 @@ class Snapshots:
                 existing: int = await conn.fetchval(EXISTING_ID, checkpoint_id)
                 return existing
             await conn.execute(INSERT_SNAPSHOT, new_id, session_id, checkpoint_id, namespace, outcome, events, at)
+        FAILURE_SNAPSHOTS.inc()  # counted here, where a stored row is known to be new, not on a re-run
         return new_id
 
     async def retry_store(self, namespace: str, session_id: str, checkpoint_id: str, outcome: str,
