@@ -1,9 +1,10 @@
 """The bridge's breakage cache: cached answers equal uncached ones, new events and re-creation are seen,
-the bound holds."""
+the bound holds, and folding in chunks with the graph asked as windows appear gives the one-batch answer."""
 
 from __future__ import annotations
 
 import gc
+import json
 import random
 from typing import Any
 
@@ -11,9 +12,13 @@ import pytest
 
 from memento_sessions.auth import Identity
 from memento_sessions.backends import Backends
+from memento_sessions.bridge import cache, context
 from memento_sessions.bridge.bridge import SessionBridge
 from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.errors import NotFound
+from memento_sessions.kg.fixture import generate
+from memento_sessions.kg.graph import Graphs
+from memento_sessions.kg.loader import parse_lines, upsert
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
 from memento_sessions.settings import Settings
@@ -111,3 +116,37 @@ async def test_compact_graph_replies_read_as_the_falkordb_client_reads_them(back
     assert await NamespaceGraphs(backends).rows(namespace, "MATCH (n:Nothing) RETURN n.id", {}) == []
     with pytest.raises(ValueError, match="compact type 8"):
         await NamespaceGraphs(backends).rows(namespace, "MATCH (e:CodebaseEntity) RETURN e", {})
+
+
+async def test_context_asked_while_folding_gives_the_one_batch_answer(settings: Settings, backends: Backends,
+                                                                     namespace: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    nodes, edges = parse_lines(json.dumps(record) for record in generate(200, seed=3))
+    await upsert(await Graphs(backends).get(namespace), nodes, edges)
+    entities = [node.id for node in nodes if node.labels == ["CodebaseEntity"]][:40]
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    sid = (await manager.create(who(namespace)))["sessionId"]
+    rng = random.Random(9)
+    kinds = ["modified"] * 5 + ["broke", "test_pass"]
+    await manager.emit_batch(who(namespace), sid, [EventIn.model_validate({"type": kinds[i % 7], "changeInfo": {
+        "entityIds": rng.sample(entities, 2)}, "impact": {"perfDelta": rng.randint(-3, 3)}}) for i in range(140)])
+
+    async def transitions(chunk: int, split_above: int) -> tuple[Any, int]:
+        monkeypatch.setattr(cache, "CHUNK", chunk)
+        monkeypatch.setattr(context, "SPLIT_ABOVE", split_above)
+        bridge = SessionBridge(manager, backends, 0)
+        rows, queries = bridge.graphs.rows, []
+
+        async def counted(*args: Any) -> Any:
+            queries.append(args)
+            return await rows(*args)
+
+        monkeypatch.setattr(bridge.graphs, "rows", counted)
+        return await bridge.transitions(namespace, sid), len(queries)
+
+    whole, one = await transitions(10**9, 10**9)
+    streamed, many = await transitions(7, 3)
+    assert one == 1 and many > 20, "the whole fold asks once; 7-event chunks ask as their windows appear, split"
+    assert streamed == whole
+    assert len(whole["transitions"]) == 20 and all("kgContext" in t for t in whole["transitions"])

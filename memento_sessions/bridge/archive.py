@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from memento_sessions import keys
-from memento_sessions.bridge.cache import EventCache, decode
+from memento_sessions.bridge.cache import EventCache, Hint, decode
 from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import SESSION_ANCHORS
 from memento_sessions.bridge.timeline import Breakage, Event
@@ -47,10 +47,11 @@ async def read_live(manager: SessionManager, namespace: str, session_id: str, ta
     return Record(session_view(session_id, fields, list(agents), pttl), decode(members), "live")
 
 
-async def read_breaks(manager: SessionManager, cache: EventCache, namespace: str, session_id: str) -> Record:
-    """The live session with its breakages but no events (the cache folds only new ones); NotFound once
-    it expired."""
-    session, entry = await cache.read(manager, namespace, session_id)
+async def read_breaks(manager: SessionManager, cache: EventCache, namespace: str, session_id: str,
+                      hint: Hint | None = None) -> Record:
+    """The live session with its breakages but no events (the cache folds only new ones, handing their
+    windows to `hint` as it goes); NotFound once it expired."""
+    session, entry = await cache.read(manager, namespace, session_id, hint)
     return Record(session, [], "live", breaks=entry.fold.breakages())
 
 

@@ -7,6 +7,7 @@ falls back to the session's KG anchors and Postgres failure snapshot; its result
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -15,9 +16,10 @@ from typing import Any
 from memento_sessions.backends import Backends
 from memento_sessions.bridge import advice
 from memento_sessions.bridge.archive import Anchor, Record, read_archive, read_breaks, read_live, session_anchors, stamp
-from memento_sessions.bridge.cache import EventCache
+from memento_sessions.bridge.cache import EventCache, Hint
+from memento_sessions.bridge.context import Context, TransitionContext
 from memento_sessions.bridge.graph import NamespaceGraphs
-from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT, TRANSITION_CONTEXT
+from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT
 from memento_sessions.bridge.timeline import breakages, by_actor, perf_sum, touched
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.errors import NotFound
@@ -52,13 +54,17 @@ class SessionBridge:
     async def transitions(self, ns: str, session_id: str, entity_id: str | None = None) -> Result:
         """Every working-to-broken transition, with the KG context of the entities changed before it."""
         with timed("transitions"):
-            record = await self._record(ns, session_id, breaks_only=entity_id is None)
-            found = record.breaks if record.breaks is not None else breakages(record.events, entity_id)
-            items = [b.view() for b in found]
-            windows = [list(b.window) for b in found]
-            if not record.events and record.anchors:
-                items, windows = anchor_breakages(record.anchors, entity_id)
-            context = await self._transition_context(ns, {e: None for w in windows for e in w})
+            queries = TransitionContext(self.graphs, ns)
+            try:
+                record = await self._record(ns, session_id, breaks_only=entity_id is None, hint=queries.ask)
+                found = record.breaks if record.breaks is not None else breakages(record.events, entity_id)
+                items = [b.view() for b in found]
+                windows = [list(b.window) for b in found]
+                if not record.events and record.anchors:
+                    items, windows = anchor_breakages(record.anchors, entity_id)
+                context = await queries.result(windows)
+            finally:
+                queries.cancel()
             for item, window in zip(items, windows, strict=True):
                 if kg := merge_context(context, window):
                     item["kgContext"] = kg
@@ -107,25 +113,14 @@ class SessionBridge:
                     "avgPerfDelta": sum(deltas) / len(deltas) if deltas else None,
                     "brokenCount": sum(1 for a in recent if a.get("outcome") == "broken")}
 
-    async def _record(self, ns: str, session_id: str, tail: int | None = None, breaks_only: bool = False) -> Record:
+    async def _record(self, ns: str, session_id: str, tail: int | None = None, breaks_only: bool = False,
+                      hint: Hint | None = None) -> Record:
         try:
             if breaks_only:
-                return await read_breaks(self.manager, self.cache, ns, session_id)
+                return await read_breaks(self.manager, self.cache, ns, session_id, hint)
             return await read_live(self.manager, ns, session_id, tail)
         except NotFound:
             return await read_archive(self.snapshots, self.graphs, ns, session_id)
-
-    async def _transition_context(self, ns: str, ids: dict[str, None]) -> dict[str, Result]:
-        if not ids:
-            return {}
-        context: dict[str, Result] = {}
-        for entities, specs, clusters, benches in await self.graphs.rows(ns, TRANSITION_CONTEXT, {"ids": list(ids)}):
-            for entity in entities:
-                found = context.setdefault(entity, {"specs": set(), "clusters": set(), "benchmarks": {}})
-                found["specs"].update(specs)
-                found["clusters"].update(clusters)
-                found["benchmarks"].update(map(tuple, benches))
-        return context
 
     async def _handoff_context(self, ns: str, ids: Sequence[str]) -> list[Result]:
         if not ids:
@@ -136,7 +131,7 @@ class SessionBridge:
         return [found[eid] for eid in ids if eid in found]
 
 
-def merge_context(context: dict[str, Result], window: Sequence[str]) -> Result | None:
+def merge_context(context: Context, window: Sequence[str]) -> Result | None:
     """Specs, clusters and benchmarks around the window's entities; None when the graph knows none of them."""
     known = [entity for entity in window if any(context.get(entity, {}).values())]
     if not known:
@@ -145,7 +140,7 @@ def merge_context(context: dict[str, Result], window: Sequence[str]) -> Result |
     clusters = {name for e in known for name in context[e]["clusters"] if name is not None}
     benchmarks = {bid: delta for e in known for bid, delta in context[e]["benchmarks"].items()}
     return {"entityIds": known, "specTitles": sorted(specs), "clusterNames": sorted(clusters),
-            "benchmarkDelta": float(sum(delta or 0.0 for delta in benchmarks.values()))}
+            "benchmarkDelta": math.fsum(delta or 0.0 for delta in benchmarks.values())}  # the same in any order
 
 
 def anchor_breakages(anchors: Sequence[Anchor], entity_id: str | None) -> tuple[list[Result], list[list[str]]]:

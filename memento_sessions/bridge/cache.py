@@ -12,7 +12,9 @@ used session out first; 0 turns the cache off. docs/bridge.md has the figures.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +23,9 @@ import pydantic_core
 from memento_sessions.bridge.timeline import BreakageFold, Event
 from memento_sessions.errors import NotFound
 from memento_sessions.sessions.manager import SessionManager
+
+Hint = Callable[[list[tuple[str, ...]]], bool]  # given new breakages' windows: whether it started a query
+CHUNK = 250  # events decoded and folded between two hints
 
 
 @dataclass
@@ -58,8 +63,14 @@ class EventCache:
         self._entries: OrderedDict[tuple[str, str], tuple[Entry, int]] = OrderedDict()  # entry, events counted
         self.size = 0
 
-    async def read(self, manager: SessionManager, ns: str, session_id: str) -> tuple[dict[str, Any], Entry]:
-        """The live session's view and its entry, brought up to date; NotFound once it expired."""
+    async def read(self, manager: SessionManager, ns: str, session_id: str,
+                   hint: Hint | None = None) -> tuple[dict[str, Any], Entry]:
+        """The live session's view and its entry, brought up to date; NotFound once it expired.
+
+        With `hint`, the new events are folded CHUNK at a time and the windows of the breakages each chunk
+        found (the entry's earlier ones first) are handed to it; when it started a query, the loop gets a
+        turn to send it before the next chunk (bridge/context.py).
+        """
         key = (ns, session_id)
         held = self._get(key)
         try:
@@ -73,7 +84,16 @@ class EventCache:
         if entry is None or entry.epoch != session["epoch"]:
             # `members` continue `held` when it is of this epoch, else they are every event (a full read)
             entry = held if held is not None and held.epoch == session["epoch"] else Entry(session["epoch"])
-        entry.extend(decode(members))
+        reported = 0
+        for start in range(0, max(len(members), 1), CHUNK):
+            entry.extend(decode(members[start:start + CHUNK]))
+            if hint is None:
+                continue
+            found = entry.fold.found
+            asked = hint([item[3] for item in found[reported:]])
+            reported = len(found)
+            if asked and start + CHUNK < len(members):
+                await asyncio.sleep(0)  # the loop sends the query while this call folds on
         self._keep(key, entry)
         return session, entry
 
