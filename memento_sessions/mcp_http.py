@@ -84,7 +84,7 @@ def transport_security(settings: Settings) -> TransportSecuritySettings:
 @asynccontextmanager
 async def serve_mcp(settings: Settings, registry: Registry) -> AsyncIterator[ASGIApp]:
     """The `/mcp` ASGI app, with the SDK's session manager running until exit."""
-    server = build_server(registry)
+    server = build_server(registry, rate_limit=settings.mcp_rate_limit)
     app = server.streamable_http_app(streamable_http_path=PATH, transport_security=transport_security(settings),
                                      host=settings.host)
     async with server.session_manager.run():

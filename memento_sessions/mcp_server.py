@@ -50,6 +50,7 @@ from memento_sessions.mcp_models import (
     Ttl,
 )
 from memento_sessions.metrics import BACKEND_ERRORS
+from memento_sessions.ratelimit import Buckets
 from memento_sessions.rpc import Call, Registry, Result
 
 CALLER: ContextVar[Identity | None] = ContextVar("memento_mcp_caller", default=None)
@@ -89,9 +90,10 @@ def _field(item: Any) -> str:
 class Tools:
     """The ten tools, bound to one registry and one way of knowing the caller."""
 
-    def __init__(self, registry: Registry, identity: Identity | None = None) -> None:
+    def __init__(self, registry: Registry, identity: Identity | None = None, rate_limit: float = 0.0) -> None:
         self.registry = registry
         self.identity = identity
+        self.limits = Buckets(rate_limit) if rate_limit > 0 else None
 
     def caller(self) -> Identity:
         """The fixed stdio identity, else the one the HTTP middleware set for this request."""
@@ -103,8 +105,11 @@ class Tools:
     async def call(self, method: str, params: dict[str, Any]) -> Result:
         """Run `method` as the caller; a JSON-RPC error becomes the tool's error result."""
         given = {name: value for name, value in params.items() if value is not None}
+        who = self.caller()
         try:
-            return await self.registry.call(Call(self.caller()), method, given)
+            if self.limits is not None:
+                self.limits.take((who.namespace, who.agent_id))
+            return await self.registry.call(Call(who), method, given)
         except RpcError as exc:
             raise ToolError(describe(exc)) from None
         except UNAVAILABLE as exc:
@@ -204,9 +209,13 @@ class Tools:
         ]
 
 
-def build_server(registry: Registry, identity: Identity | None = None) -> MCPServer:
-    """The MCP server with every tool; `identity` fixes the caller (stdio), else each request's token does."""
+def build_server(registry: Registry, identity: Identity | None = None, rate_limit: float = 0.0) -> MCPServer:
+    """The MCP server with every tool; `identity` fixes the caller (stdio), else each request's token does.
+
+    With `rate_limit`, each agent may make that many tool calls a second (bursts as many); a call over it
+    is refused with -32029 and its retryAfterMs, and runs nothing.
+    """
     server: MCPServer = MCPServer("memento-sessions", version=__version__, instructions=INSTRUCTIONS)
-    for tool, hints in Tools(registry, identity).registrations():
+    for tool, hints in Tools(registry, identity, rate_limit).registrations():
         server.add_tool(tool, description=" ".join((tool.__doc__ or "").split()), annotations=hints)
     return server

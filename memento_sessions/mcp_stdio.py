@@ -50,4 +50,4 @@ async def serve_stdio(settings: Settings, identity: Identity) -> None:
     endpoints = resolve(settings)
     async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends, \
             open_services(settings, backends, endpoints.redis_url) as services:
-        await build_server(services.registry, identity).run_stdio_async()
+        await build_server(services.registry, identity, settings.mcp_rate_limit).run_stdio_async()

@@ -38,6 +38,7 @@ class Settings(BaseSettings):
     ws_send_buffer: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
     ws_ping_interval: float = Field(default=20.0, ge=0.1, le=300.0)
     ws_rate_limit: float = Field(default=5000.0, ge=0.0, le=1_000_000.0)
+    mcp_rate_limit: float = Field(default=1000.0, ge=0.0, le=1_000_000.0)
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
 
     @field_validator("redis_url", "falkordb_url")

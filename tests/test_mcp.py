@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx2
 import jwt
 import pytest
@@ -23,7 +24,7 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
 
-from memento_sessions.daemon import Daemon
+from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.settings import Settings
 from tests.conftest import SECRET, make_settings, token
@@ -296,3 +297,19 @@ def test_stdio_refuses_to_start_without_a_valid_token(backend_urls: Endpoints, t
                           capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     assert done.returncode == 2
     assert "MEMENTO_TOKEN" in done.stderr
+
+
+async def test_an_agent_over_its_mcp_rate_gets_32029_and_those_calls_do_nothing(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, mcp_rate_limit=3)) as daemon, \
+            over_http(daemon.port, token("eager", namespace)) as eager, \
+            over_http(daemon.port, token("calm", namespace)) as calm:
+        results = [await eager.call_tool("create_session", {}) for _ in range(8)]
+        made = [ok(result)["sessionId"] for result in results if not result.is_error]
+        refused = [failed(result) for result in results if result.is_error]
+        assert 3 <= len(made) <= 5 and refused, "a burst of 3, then what refilled at 3/s during the calls"
+        assert all("rate limited (-32029); retryAfterMs: " in text for text in refused), refused
+        listed = ok(await calm.call_tool("list_sessions", {}))["sessions"]  # another agent: its own bucket
+        assert sorted(session["sessionId"] for session in listed) == sorted(made), "a refused call made nothing"
+        await anyio.sleep(1.0)
+        assert not (await eager.call_tool("list_sessions", {})).is_error, "tokens come back at the rate"
