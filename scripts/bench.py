@@ -146,6 +146,27 @@ async def rate(count: int, work: Callable[[int], Awaitable[None]]) -> float:
     return count / (time.perf_counter() - start)
 
 
+async def quiet(env: Env) -> None:
+    """Wait (up to 60 s) until Redis is neither rewriting its AOF nor saving an RDB.
+
+    Redis rewrites the AOF each time it doubles past 64 MB (about every 100,000 events here: ~520 bytes
+    of AOF per event), in a forked child that keeps one of the two vCPUs busy for a second or more. A
+    figure timed beside one measures that contention, so each timed part starts on a quiet server;
+    the waits are printed.
+    """
+    started, polls = time.perf_counter(), 0
+    with anyio.fail_after(60):
+        while True:
+            stats = await env.redis.info("persistence")
+            if not stats.get("aof_rewrite_in_progress") and not stats.get("rdb_bgsave_in_progress"):
+                break
+            polls += 1
+            await anyio.sleep(0.05)
+    if polls:
+        waited = time.perf_counter() - started
+        print(f"bench: waited {waited:.2f} s for Redis's AOF rewrite to finish", file=sys.stderr, flush=True)
+
+
 # --- ingest -------------------------------------------------------------------------------------------------
 
 
@@ -430,10 +451,12 @@ async def bench_peers(env: Env, python: Path, figures: list[Figure]) -> list[Fig
     manager, rounds = env.manager(), 1 if env.quick else PEER_ROUNDS
     peers, ours, sdk_seq, adk_seq = {}, [], [], []
     for round_ in range(rounds):
+        await quiet(env)
         found = await run_peers(env, python, concurrent=round_ == 0)
         peers = peers or found
         sdk_seq.append(found["agents_sdk"]["sequential_per_s"])
         adk_seq.append(found["adk"]["sequential_per_s"])
+        await quiet(env)
         ours.append(await sequential_emits(env, manager, 2000 if env.quick else 5000))
     print(peers_note(peers, rounds))
     mine = {f.name: f.value for f in figures}
@@ -576,6 +599,7 @@ async def measure(env: Env, only: list[str] | None) -> list[Figure]:
             continue
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         settle_gc()  # as the daemon does after start-up: in-process sections run with the same GC settings
+        await quiet(env)
         result = await section(env)
         for figure in result if isinstance(result, list) else [result]:
             judge(figure)

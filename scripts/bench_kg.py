@@ -52,7 +52,7 @@ def window(i: int) -> list[EventIn]:
 
 async def bench_checkpoint(env: Env) -> Figure:
     """In-process Checkpointer.checkpoint of a 10-event, 10-entity, broken window (anchors + snapshot)."""
-    from bench import Figure, pct
+    from bench import Figure, pct, quiet
 
     count = 60 if env.quick else 300
     settings = load_settings(redis_url=env.redis_url, postgres_dsn=env.postgres_dsn, auth_secret="x" * 32,
@@ -62,6 +62,7 @@ async def bench_checkpoint(env: Env) -> Figure:
         checkpointer = Checkpointer(settings, backends, manager)
         await checkpointer.snapshots.migrate()
         sids = [await ready_session(env, manager, window(i)) for i in range(count)]
+        await quiet(env)
         ours = await timed(count, lambda i: checkpointer.checkpoint(env.namespace, sids[i]))
         floor = await checkpoint_floor(env, backends, [await ready_session(env, manager, window(i + count))
                                                        for i in range(count)])
@@ -145,7 +146,7 @@ async def bench_bridge(env: Env) -> list[Figure]:
     transitions twice: repeat calls on one session (the daemon's event cache then reads and decodes no
     event again), and the first call on each of many like sessions (every event read and decoded).
     """
-    from bench import Figure, pct, ws
+    from bench import Figure, pct, quiet, ws
 
     entity_ids = await load_fixture(env, 10_000)
     manager = env.manager()
@@ -153,10 +154,12 @@ async def bench_bridge(env: Env) -> list[Figure]:
     count, firsts = (100, 20) if env.quick else (500, 200)
     sids = [await bridge_session(env, manager, events) for _ in range(firsts + 1)]
     sid = sids.pop()
+    await quiet(env)  # 200,000 events were just written: Redis may be rewriting its AOF
     async with ws(env, "bridge-reader") as peer:
         handoff = await timed(count, lambda _: peer.call("bridge.handoff", {"sessionId": sid}))
         transitions = await timed(count, lambda _: peer.call("bridge.transitions", {"sessionId": sid}))
         cold = await timed(firsts, lambda i: peer.call("bridge.transitions", {"sessionId": sids[i]}))
+    await quiet(env)
     floors = await bridge_floors(env, sid, count, firsts)
     shape = "(10k-entity graph, 1k events)"
     return [Figure(f"bridge.handoff p99 {shape}", "ms", pct(handoff, 0.99),
