@@ -67,17 +67,19 @@ def unauthorized(reason: str) -> JSONResponse:
 
 
 def transport_security(settings: Settings) -> TransportSecuritySettings:
-    """Host and Origin must name this daemon: its configured host, 127.0.0.1 or localhost, on its port.
+    """Host and Origin must name this daemon: its configured host, 127.0.0.1 or localhost, on its port,
+    or one of MEMENTO_MCP_ALLOWED_HOSTS (a reverse proxy's public name), exactly as given.
 
     With MEMENTO_PORT=0 the port is picked at bind time, after this is built, so any port is accepted.
     """
     port = str(settings.port) if settings.port else "*"
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    names = dict.fromkeys([host, "127.0.0.1", "localhost"])
+    hosts = [f"{name}:{port}" for name in dict.fromkeys([host, "127.0.0.1", "localhost"])]
+    hosts += settings.extra_mcp_hosts
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=[f"{name}:{port}" for name in names],
-        allowed_origins=[f"{scheme}://{name}:{port}" for name in names for scheme in ("http", "https")],
+        allowed_hosts=hosts,
+        allowed_origins=[f"{scheme}://{name}" for name in hosts for scheme in ("http", "https")],
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +40,7 @@ class Settings(BaseSettings):
     ws_ping_interval: float = Field(default=20.0, ge=0.1, le=300.0)
     ws_rate_limit: float = Field(default=5000.0, ge=0.0, le=1_000_000.0)
     mcp_rate_limit: float = Field(default=1000.0, ge=0.0, le=1_000_000.0)
+    mcp_allowed_hosts: str = ""  # comma-separated `name` or `name:port`, e.g. a reverse proxy's public name
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
 
     @field_validator("redis_url", "falkordb_url")
@@ -48,6 +50,20 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(schemes):
             raise ValueError(f"must start with one of {', '.join(schemes)}")
         return value
+
+    @field_validator("mcp_allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: str) -> str:
+        for item in split_hosts(value):
+            if not HOST.fullmatch(item):
+                raise ValueError(f"{item!r} is not a host name or name:port (comma-separated, e.g. "
+                                 "'memento.example.com,10.0.0.5:8443')")
+        return value
+
+    @property
+    def extra_mcp_hosts(self) -> list[str]:
+        """MEMENTO_MCP_ALLOWED_HOSTS as a list."""
+        return split_hosts(self.mcp_allowed_hosts)
 
     @field_validator("postgres_dsn")
     @classmethod
@@ -65,6 +81,15 @@ class Settings(BaseSettings):
     def embedded(self) -> bool:
         """True when this daemon starts its own Redis (and FalkorDB)."""
         return self.redis_url is None
+
+
+HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
+                  r"[A-Za-z0-9])?)*|\[[0-9A-Fa-f:.]+\])(?::[0-9]{1,5})?")
+
+
+def split_hosts(value: str) -> list[str]:
+    """`a, b:1` -> ['a', 'b:1']."""
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -26,7 +26,8 @@ from mcp_types import CallToolResult
 
 from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.settings import Settings
+from memento_sessions.errors import ConfigError
+from memento_sessions.settings import Settings, load_settings
 from tests.conftest import SECRET, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
@@ -313,3 +314,28 @@ async def test_an_agent_over_its_mcp_rate_gets_32029_and_those_calls_do_nothing(
         assert sorted(session["sessionId"] for session in listed) == sorted(made), "a refused call made nothing"
         await anyio.sleep(1.0)
         assert not (await eager.call_tool("list_sessions", {})).is_error, "tokens come back at the rate"
+
+
+async def test_hosts_named_in_mcp_allowed_hosts_are_served_others_get_421(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = make_settings(backend_urls, tmp_path, mcp_allowed_hosts="memento.example.com, 10.0.0.5:8443")
+    async with running(settings) as daemon, httpx2.AsyncClient() as http:
+        url = f"http://127.0.0.1:{daemon.port}/mcp"
+        good = {**HEADERS, "authorization": f"Bearer {token('alice', namespace)}"}
+
+        async def status(**headers: str) -> int:
+            return (await http.post(url, json=INIT, headers={**good, **headers})).status_code
+
+        assert await status(host="memento.example.com", origin="https://memento.example.com") == 200
+        assert await status(host="10.0.0.5:8443") == 200
+        assert await status(host=f"localhost:{daemon.port}") == 200, "the daemon's own names still work"
+        assert await status(host="memento.example.com:9999") == 421, "a name without a port means that name only"
+        assert await status(host="10.0.0.5") == 421
+        assert await status(host="evil.example") == 421
+        assert await status(host="memento.example.com", origin="https://evil.example") == 403
+
+
+@pytest.mark.parametrize("value", ["memento.example.com/path", "http://memento.example.com", "a b", "host:port"])
+def test_a_bad_mcp_allowed_hosts_entry_is_refused_at_start(value: str) -> None:
+    with pytest.raises(ConfigError, match="MEMENTO_MCP_ALLOWED_HOSTS"):
+        load_settings(mcp_allowed_hosts=f"ok.example,{value}")
