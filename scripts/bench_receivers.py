@@ -1,4 +1,4 @@
-"""Lean receivers for the latency benchmarks: many subscribers in one Python process cost the bench
+"""Lean clients for the benchmarks: many subscribers or agents in one Python process cost the bench
 more CPU than the servers it measures when each runs a full client library. These parse only what
 they need (WebSocket frames from the daemon; RESP pushes from Redis) so the figures are the servers'.
 """
@@ -11,6 +11,8 @@ import json
 import os
 import struct
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import hiredis
 
@@ -107,11 +109,34 @@ class LeanWebSocket(Receiver):
         self.transport.write(masked_frame(0x1, text.encode()))
 
 
-async def lean_subscriber(port: int, token: str, session_id: str, samples: list[float],
-                          count: int) -> LeanWebSocket:
-    """Connect, upgrade, subscribe; returns once the subscription is confirmed."""
+P = TypeVar("P", bound=LeanWebSocket)
+
+
+class LeanCaller(LeanWebSocket):
+    """A WebSocket client making one JSON-RPC call at a time, each a frame built once by the caller."""
+
+    def __init__(self) -> None:
+        super().__init__([], 0)
+        self.waiting: asyncio.Future[bytes] | None = None
+
+    def _frame(self, opcode: int, payload: bytes, now: int) -> None:
+        if opcode == 0x1 and self.waiting is not None and not self.waiting.done():
+            self.waiting.set_result(payload)
+        else:
+            super()._frame(opcode, payload, now)
+
+    async def call(self, frame: bytes) -> bytes:
+        """Send a masked request frame (see `masked_frame`) and return the reply's payload."""
+        assert self.transport is not None
+        self.waiting = asyncio.get_running_loop().create_future()
+        self.transport.write(frame)
+        return await self.waiting
+
+
+async def upgraded(port: int, token: str, factory: Callable[[], P]) -> P:
+    """Connect to the daemon's /ws and upgrade; returns once it answered 101."""
     loop = asyncio.get_running_loop()
-    _, proto = await loop.create_connection(lambda: LeanWebSocket(samples, count), "127.0.0.1", port)
+    _, proto = await loop.create_connection(factory, "127.0.0.1", port)
     key = base64.b64encode(os.urandom(16)).decode()
     assert proto.transport is not None
     proto.transport.write(
@@ -119,6 +144,13 @@ async def lean_subscriber(port: int, token: str, session_id: str, samples: list[
         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n".encode())
     if not await proto.upgraded:
         raise RuntimeError("the daemon refused the WebSocket upgrade")
+    return proto
+
+
+async def lean_subscriber(port: int, token: str, session_id: str, samples: list[float],
+                          count: int) -> LeanWebSocket:
+    """Connect, upgrade, subscribe; returns once the subscription is confirmed."""
+    proto = await upgraded(port, token, lambda: LeanWebSocket(samples, count))
     proto.send_text(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session.subscribe",
                                 "params": {"sessionId": session_id}}))
     await proto.replied
