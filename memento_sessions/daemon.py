@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, nullcontext
 from typing import Any
@@ -24,6 +25,7 @@ from memento_sessions.errors import ConfigError
 from memento_sessions.gateway import Gateway
 from memento_sessions.health import Health, probe_forever
 from memento_sessions.logs import get_logger
+from memento_sessions.metrics import GC_PAUSE_SECONDS
 from memento_sessions.services import Services, open_services
 from memento_sessions.settings import Settings
 
@@ -85,6 +87,20 @@ def settle_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+    if _time_collections not in gc.callbacks:
+        gc.callbacks.append(_time_collections)
+
+
+_GC_STARTED = [0.0]
+_GC_PAUSES = [GC_PAUSE_SECONDS.labels(str(generation)) for generation in range(3)]
+
+
+def _time_collections(phase: str, info: dict[str, int]) -> None:
+    """Each collection's pause into memento_gc_pause_seconds{generation}: a request stalled by one shows there."""
+    if phase == "start":
+        _GC_STARTED[0] = time.perf_counter()
+    else:
+        _GC_PAUSES[info["generation"]].observe(time.perf_counter() - _GC_STARTED[0])
 
 
 def listen(host: str, port: int) -> socket.socket:

@@ -18,6 +18,8 @@ EMBEDDED_RESTARTS = Counter("memento_embedded_restarts_total", "Embedded server 
 ACTIVE_SESSIONS = Gauge("memento_active_sessions", "Sessions in the index that have not expired")
 EVENTS = Counter("memento_events_total", "Events stored", ["type"])
 EMIT_SECONDS = Histogram("memento_emit_seconds", "Time to store and publish an emit", buckets=_FAST)
+GC_PAUSE_SECONDS = Histogram("memento_gc_pause_seconds", "Pauses of Python's cyclic garbage collector",
+                             ["generation"], buckets=_FAST)
 
 WS_CONNECTIONS = Gauge("memento_ws_connections", "Open WebSocket connections")
 WS_MESSAGES_SENT = Counter("memento_ws_messages_sent_total", "Frames sent to WebSocket clients")

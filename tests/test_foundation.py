@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import anyio
 import httpx2
 import jwt
 import pytest
+from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
@@ -30,6 +32,17 @@ async def test_healthz_readyz_and_metrics(daemon: Daemon) -> None:
         metrics = (await http.get("/metrics")).text
     assert 'memento_build_info{version="' in metrics
     assert "process_resident_memory_bytes" in metrics
+
+
+async def test_the_daemon_times_each_collector_pause(daemon: Daemon) -> None:
+    def count(generation: str) -> float:
+        return REGISTRY.get_sample_value("memento_gc_pause_seconds_count", {"generation": generation}) or 0.0
+
+    before = count("2")
+    gc.collect()  # a full collection, as the collector runs one on its own
+    assert count("2") == before + 1
+    async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{daemon.port}") as http:
+        assert 'memento_gc_pause_seconds_count{generation="2"}' in (await http.get("/metrics")).text
 
 
 async def _wait_ready(http: httpx2.AsyncClient) -> object:
