@@ -20,7 +20,7 @@ from typing import Any
 
 import pydantic_core
 
-from memento_sessions.bridge.timeline import BreakageFold, Event
+from memento_sessions.bridge.timeline import Breakage, BreakageFold, Event
 from memento_sessions.errors import NotFound
 from memento_sessions.sessions.manager import SessionManager
 
@@ -90,7 +90,7 @@ class EventCache:
             if hint is None:
                 continue
             found = entry.fold.found
-            asked = hint([item[3] for item in found[reported:]])
+            asked = hint([Breakage.load(item).window for item in found[reported:]])
             reported = len(found)
             if asked and start + CHUNK < len(members):
                 await asyncio.sleep(0)  # the loop sends the query while this call folds on

@@ -15,31 +15,38 @@ Event = dict[str, Any]
 SUSPECTS = 5
 
 
-Found = tuple[int, int, str, tuple[str, ...]]  # a Breakage's fields as a plain tuple
+Found = str  # a Breakage as JSON text: `[fromSeq, toSeq, [window...], {"changeInfo", "impact"}]`
 
 
 def found(from_seq: int, event: Event, window: tuple[str, ...]) -> Found:
-    """A breakage as the fold keeps it: fromSeq, toSeq, the event's changeInfo and impact as JSON, window."""
+    """A breakage as the fold keeps it: JSON text, which the collector never tracks or counts."""
     detail = {"changeInfo": event.get("changeInfo"), "impact": event.get("impact")}
-    return from_seq, int(event["seq"]), pydantic_core.to_json(detail).decode(), window
+    return pydantic_core.to_json([from_seq, int(event["seq"]), window, detail]).decode()
 
 
 class Breakage(NamedTuple):
     """One working-to-broken transition and the entities changed last since the session last worked.
 
-    Only ints and strings: the fold keeps each as a plain tuple, which the collector stops tracking once
-    it has seen it. The bridge's cache holds thousands, and the decoded events it held at first made
-    every full collection slower (docs/bridge.md).
+    The fold holds each as JSON text (`Found`), not as objects: the bridge's cache holds thousands, and
+    every container object it holds counts toward the collector's next young-generation pass, which
+    then walks them all (decoded events at first made every full collection slower; tuples of strings
+    still triggered young passes of 10,000 objects; docs/bridge.md).
     """
 
     from_seq: int
     to_seq: int
-    detail: str  # the breaking event's {"changeInfo", "impact"} as JSON
     window: tuple[str, ...]
+    detail: dict[str, Any]  # the breaking event's changeInfo and impact
+
+    @classmethod
+    def load(cls, text: Found) -> Breakage:
+        """A held breakage, decoded."""
+        from_seq, to_seq, window, detail = pydantic_core.from_json(text)
+        return cls(from_seq, to_seq, tuple(window), detail)
 
     def view(self) -> dict[str, Any]:
         """The `{fromSeq, toSeq, changeInfo, impact}` of SPEC section 6."""
-        return {"fromSeq": self.from_seq, "toSeq": self.to_seq, **pydantic_core.from_json(self.detail)}
+        return {"fromSeq": self.from_seq, "toSeq": self.to_seq, **self.detail}
 
 
 def entity_ids(event: Event) -> list[str]:
@@ -87,7 +94,7 @@ class BreakageFold:
 
     def breakages(self) -> list[Breakage]:
         """Every breakage found so far, in seq order."""
-        return [Breakage._make(item) for item in self.found]
+        return [Breakage.load(item) for item in self.found]
 
 
 def by_actor(events: Iterable[Event], agent_id: str) -> list[Event]:
