@@ -150,3 +150,19 @@ async def test_context_asked_while_folding_gives_the_one_batch_answer(settings: 
     assert one == 1 and many > 20, "the whole fold asks once; 7-event chunks ask as their windows appear, split"
     assert streamed == whole
     assert len(whole["transitions"]) == 20 and all("kgContext" in t for t in whole["transitions"])
+
+
+async def test_a_read_never_creates_a_graph_and_sees_it_deleted_and_made_again(backends: Backends,
+                                                                               namespace: str) -> None:
+    graphs, name = NamespaceGraphs(backends), backends.graph_name(namespace)
+    ids = "MATCH (n:CodebaseEntity) RETURN n.id"
+    assert await graphs.rows(namespace, ids, {}) == []
+    assert not await backends.falkordb.connection.exists(name), "a read of a missing graph left it missing"
+    graph = await Graphs(backends).get(namespace)
+    await graph.query("CREATE (:CodebaseEntity {id: 'a'})")
+    assert await graphs.rows(namespace, ids, {}) == [["a"]]
+    await graph.delete()
+    assert await graphs.rows(namespace, ids, {}) == [], "deleted since it was indexed: nothing, no error"
+    assert not await backends.falkordb.connection.exists(name)
+    await (await Graphs(backends).get(namespace)).query("CREATE (:CodebaseEntity {id: 'b'})")
+    assert await graphs.rows(namespace, ids, {}) == [["b"]]

@@ -1,4 +1,5 @@
-"""Read-only queries on a namespace's own graph, its indexes (CodebaseEntity.id first) made sure of once.
+"""Read-only queries on a namespace's own graph, its indexes (CodebaseEntity.id first) made sure of once
+by kg.graph.Graphs, which never creates a graph for a read.
 
 Replies are read in FalkorDB's compact form by `scalar` below rather than by the falkordb client's
 parser, which awaits a coroutine per value: a transitions reply holds ~1,400 values, and that parser
@@ -13,7 +14,7 @@ from falkordb.helpers import stringify_param_value
 from redis.exceptions import ResponseError
 
 from memento_sessions.backends import Backends
-from memento_sessions.kg.graph import ensure_indexes
+from memento_sessions.kg.graph import Graphs
 
 Row = list[Any]
 
@@ -23,38 +24,25 @@ class NamespaceGraphs:
 
     def __init__(self, backends: Backends) -> None:
         self.backends = backends
-        self._ready: dict[str, Any] = {}
+        self.graphs = Graphs(backends)
 
     async def rows(self, namespace: str, query: str, params: dict[str, Any]) -> list[Row]:
         """The rows of a read-only query; none when the namespace has no graph yet."""
-        name = self.backends.graph_name(namespace)
-        graph = self._ready.get(name) or await self.prepare(name)
+        graph = await self.graphs.existing(namespace)
         if graph is None:
             return []
         header = "CYPHER " + " ".join(f"{key}={stringify_param_value(value)}" for key, value in params.items())
         try:
             reply = await self.backends.falkordb.connection.execute_command(
-                "GRAPH.RO_QUERY", name, f"{header} {query}", "--compact")
+                "GRAPH.RO_QUERY", graph.name, f"{header} {query}", "--compact")
         except ResponseError as exc:
             if "empty key" not in str(exc):
                 raise
-            self._ready.pop(name, None)  # the graph was deleted since we indexed it
+            self.graphs.forget(namespace)  # the graph was deleted since we indexed it
             return []
         if len(reply) < 3:  # a reply without columns is its statistics alone
             return []
         return [[scalar(cell) for cell in row] for row in reply[1]]
-
-    async def prepare(self, name: str) -> Any:
-        """Index an existing graph (idempotently) and keep its handle; None when the graph does not exist.
-
-        A query must not create a graph as a side effect, so a missing graph is left missing.
-        """
-        if not await self.backends.falkordb.connection.exists(name):
-            return None
-        graph = self.backends.falkordb.select_graph(name)
-        await ensure_indexes(graph)  # CodebaseEntity.id among them; "already indexed" is fine
-        self._ready[name] = graph
-        return graph
 
 
 def scalar(cell: list[Any]) -> Any:

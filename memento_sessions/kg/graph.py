@@ -44,23 +44,36 @@ async def ensure_indexes(graph: Graph) -> None:
 
 
 class Graphs:
-    """Hands out namespace graphs, ensuring each one's indexes on first use."""
+    """Hands out namespace graphs, ensuring each one's indexes on first use (once per graph per instance)."""
 
     def __init__(self, backends: Backends) -> None:
         self.backends = backends
-        self._ready: set[str] = set()
+        self._ready: dict[str, Graph] = {}
         self._lock = anyio.Lock()
 
     async def get(self, namespace: str) -> Graph:
-        """The graph of `namespace`, indexed."""
+        """The graph of `namespace`, indexed (created by its first index when it did not exist)."""
         name = self.backends.graph_name(namespace)
-        graph = self.backends.falkordb.select_graph(name)
-        if name not in self._ready:
+        graph = self._ready.get(name)
+        if graph is None:
             async with self._lock:
-                if name not in self._ready:
+                graph = self._ready.get(name)
+                if graph is None:
+                    graph = self.backends.falkordb.select_graph(name)
                     await ensure_indexes(graph)
-                    self._ready.add(name)
+                    self._ready[name] = graph
         return graph
+
+    async def existing(self, namespace: str) -> Graph | None:
+        """The graph of `namespace` if it exists, indexed; None otherwise (a read never creates a graph)."""
+        name = self.backends.graph_name(namespace)
+        if name in self._ready or await self.backends.falkordb.connection.exists(name):
+            return await self.get(namespace)
+        return None
+
+    def forget(self, namespace: str) -> None:
+        """The graph was deleted: index it again if it comes back."""
+        self._ready.pop(self.backends.graph_name(namespace), None)
 
 
 async def namespaces(db: FalkorDB, prefix: str) -> list[str]:
