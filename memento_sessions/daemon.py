@@ -24,7 +24,7 @@ from memento_sessions.endpoints import Endpoints, postgres_dsn, remove_runtime, 
 from memento_sessions.errors import ConfigError
 from memento_sessions.gateway import Gateway
 from memento_sessions.health import Health, probe_forever
-from memento_sessions.logs import get_logger
+from memento_sessions.logs import get_logger, guard_library_logs
 from memento_sessions.metrics import GC_PAUSE_SECONDS
 from memento_sessions.services import Services, open_services
 from memento_sessions.settings import Settings
@@ -134,6 +134,7 @@ class Daemon:
 
     async def run(self, *, task_status: TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
         """Serve until stop() or a signal; `task_status` gets the bound port."""
+        guard_library_logs()  # also when embedded without configure_logging: no token in uvicorn's lines
         lock = DataDirLock(self.settings.data_dir) if self.servers else nullcontext()
         with lock, listen(self.settings.host, self.settings.port) as sock:
             self._sock = sock

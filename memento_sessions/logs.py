@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 
 import structlog
@@ -30,12 +31,37 @@ def configure_logging(log_format: str | None = None, level: str = "info") -> Non
     )
     # Libraries that use stdlib logging (uvicorn, mcp) go to stderr at warning and above.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
-    logging.getLogger("uvicorn.error").addFilter(_not_denial_noise)
+    guard_library_logs()
+
+
+def guard_library_logs() -> None:
+    """Filters on uvicorn's logger, whoever configured logging (idempotent).
+
+    uvicorn logs each accepted WebSocket at info with its path and query string, where our clients
+    carry `?token=`: wherever that level is let through (an embedding application's own logging
+    setup), the token is masked. And the refused handshakes it logs as errors are dropped.
+    """
+    uvicorn_logger = logging.getLogger("uvicorn.error")
+    for guard in (_not_denial_noise, _mask_tokens):
+        if guard not in uvicorn_logger.filters:
+            uvicorn_logger.addFilter(guard)
 
 
 def _not_denial_noise(record: logging.LogRecord) -> bool:
     """uvicorn logs every refused WebSocket handshake (our 401/503 denial responses) as an error."""
     return "without completing handshake" not in record.getMessage()
+
+
+_TOKEN = re.compile(r"(token=)[^&\s\"']+")
+
+
+def _mask_tokens(record: logging.LogRecord) -> bool:
+    """`token=<jwt>` in a record's message or arguments becomes `token=***`."""
+    if isinstance(record.msg, str):
+        record.msg = _TOKEN.sub(r"\1***", record.msg)
+    if isinstance(record.args, tuple):
+        record.args = tuple(_TOKEN.sub(r"\1***", arg) if isinstance(arg, str) else arg for arg in record.args)
+    return True
 
 
 def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:

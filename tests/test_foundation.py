@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import subprocess
 import sys
 
@@ -155,3 +156,14 @@ async def test_with_redis_down_at_start_the_daemon_serves_and_says_so(backend_ur
             async with rpc(down.port, token("a")) as peer:
                 error = await peer.error("session.create", {})
             assert error["code"] == -32050 and "Redis" in error["message"]
+
+
+async def test_uvicorn_never_logs_a_websocket_token(daemon: Daemon, caplog: pytest.LogCaptureFixture) -> None:
+    secret = token("logged", "default")
+    with caplog.at_level(logging.INFO, logger="uvicorn.error"):
+        async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={secret}") as ws:  # the query-string way in
+            await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "session.list", "params": {}}))
+            assert "result" in json.loads(await ws.recv())
+    accepted = [r.getMessage() for r in caplog.records if "[accepted]" in r.getMessage()]
+    assert accepted and all("token=***" in line for line in accepted), accepted
+    assert not any(secret in r.getMessage() for r in caplog.records)
