@@ -17,6 +17,10 @@ EMBEDDED_RESTARTS = Counter("memento_embedded_restarts_total", "Embedded server 
 
 ACTIVE_SESSIONS = Gauge("memento_active_sessions", "Sessions in the index that have not expired")
 EVENTS = Counter("memento_events_total", "Events stored", ["type"])
+REDIS_SPINS = Counter("memento_redis_spins_total",
+                      "Writes on an idle hot-path connection after which the loop polled for the reply")
+REDIS_SPIN_MISSES = Counter("memento_redis_spin_misses_total",
+                            "Spins whose reply took longer than MEMENTO_REDIS_SPIN_US (the loop then slept)")
 EMIT_SECONDS = Histogram("memento_emit_seconds", "Time to store and publish an emit", buckets=_FAST)
 GC_PAUSE_SECONDS = Histogram("memento_gc_pause_seconds", "Pauses of Python's cyclic garbage collector",
                              ["generation"], buckets=_FAST)

@@ -51,7 +51,7 @@ class Services:
 async def open_services(settings: Settings, backends: Backends, redis_url: str) -> AsyncIterator[Services]:
     """Build the services, start their background tasks and register their methods."""
     registry = Registry()
-    pipe = Pipe(redis_url) if Pipe.supports(redis_url) else None
+    pipe = Pipe(redis_url, settings.redis_spin_us) if Pipe.supports(redis_url) else None
     manager = SessionManager(backends.redis, settings, pipe)
     await manager.start()
     fanout = Fanout(redis_url, keys.daemon_channel(uuid.uuid4().hex))

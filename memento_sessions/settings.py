@@ -41,6 +41,7 @@ class Settings(BaseSettings):
     ws_rate_limit: float = Field(default=5000.0, ge=0.0, le=1_000_000.0)
     mcp_rate_limit: float = Field(default=1000.0, ge=0.0, le=1_000_000.0)
     mcp_allowed_hosts: str = ""  # comma-separated `name` or `name:port`, e.g. a reverse proxy's public name
+    redis_spin_us: int = Field(default=250, ge=0, le=10_000)
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
 
     @field_validator("redis_url", "falkordb_url")

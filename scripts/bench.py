@@ -107,7 +107,7 @@ class Env:
         """A SessionManager wired as the daemon wires it (Function calls on the auto-pipelined connection)."""
         settings = load_settings(redis_url=self.redis_url, postgres_dsn=self.postgres_dsn, auth_secret=SECRET)
         if self.pipe is None:
-            self.pipe = Pipe(self.redis_url)
+            self.pipe = Pipe(self.redis_url, settings.redis_spin_us)
         return SessionManager(self.redis, settings, self.pipe)
 
     def who(self, agent: str = "bench") -> Identity:

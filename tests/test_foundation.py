@@ -90,6 +90,8 @@ async def test_bad_frames_get_errors_and_the_connection_stays_usable(daemon: Dae
 def test_bad_setting_names_the_variable() -> None:
     with pytest.raises(ConfigError, match=r"^invalid MEMENTO_SESSION_TTL: .*less than or equal to 86400"):
         load_settings(session_ttl=90000)
+    with pytest.raises(ConfigError, match=r"^invalid MEMENTO_REDIS_SPIN_US: .*greater than or equal to 0"):
+        load_settings(redis_spin_us=-1)
     with pytest.raises(ConfigError, match=r"^invalid MEMENTO_REDIS_URL: must start with"):
         load_settings(redis_url="http://x")
 

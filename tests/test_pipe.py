@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import resource
 from collections.abc import Iterator
 
 import anyio
 import pytest
 import redis
 import uvloop
+from prometheus_client import REGISTRY
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -26,9 +29,10 @@ def plain(backend_urls: Endpoints) -> Iterator[redis.Redis]:
     client.close()
 
 
+@pytest.mark.parametrize("spin_us", [0, 250])
 async def test_calls_of_one_loop_turn_share_a_write_and_get_their_own_replies(backend_urls: Endpoints,
-                                                                            namespace: str) -> None:
-    pipe = Pipe(backend_urls.redis_url)
+                                                                            namespace: str, spin_us: int) -> None:
+    pipe = Pipe(backend_urls.redis_url, spin_us)
     key = f"{namespace}:counter"
     replies = await asyncio.gather(*(pipe.call("INCR", key) for _ in range(200)))
     assert sorted(replies) == list(range(1, 201)) and replies == list(range(1, 201)), "in order, one each"
@@ -39,9 +43,10 @@ async def test_calls_of_one_loop_turn_share_a_write_and_get_their_own_replies(ba
     pipe.close()
 
 
+@pytest.mark.parametrize("spin_us", [0, 500_000])
 async def test_a_killed_connection_fails_pending_calls_and_the_next_call_reconnects(
-        backend_urls: Endpoints, plain: redis.Redis, namespace: str) -> None:
-    pipe = Pipe(backend_urls.redis_url)
+        backend_urls: Endpoints, plain: redis.Redis, namespace: str, spin_us: int) -> None:
+    pipe = Pipe(backend_urls.redis_url, spin_us)  # with a spin, the kill lands while the loop polls
     await pipe.call("CLIENT", "SETNAME", f"{namespace}-pipe")
     blocked = asyncio.ensure_future(pipe.call("BLPOP", f"{namespace}:never", 0))
     await anyio.sleep(0.1)
@@ -82,4 +87,93 @@ async def test_an_overdue_reply_fails_the_call_and_the_next_call_uses_a_new_conn
         await pipe.call("BLPOP", f"{namespace}:never", 0)
     assert 0.5 < anyio.current_time() - started < 3.0
     assert await pipe.call("PING") == "PONG"
+    pipe.close()
+
+
+def spin_counts() -> tuple[float, float]:
+    return (REGISTRY.get_sample_value("memento_redis_spins_total") or 0.0,
+            REGISTRY.get_sample_value("memento_redis_spin_misses_total") or 0.0)
+
+
+@pytest.fixture
+def apart(plain: redis.Redis) -> Iterator[None]:
+    """This thread on one CPU and Redis on another, as when both wait on each other across vCPUs (the
+    scheduler may otherwise run them on one CPU, where Redis preempts the caller and no one sleeps)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    redis_pid = int(plain.info("server")["process_id"])
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        os.sched_setaffinity(redis_pid, {cpus[1]})
+        yield
+    finally:
+        os.sched_setaffinity(0, cpus)
+        os.sched_setaffinity(redis_pid, cpus)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_spinning_pipe_catches_sequential_replies_while_the_loop_polls(backend_urls: Endpoints, namespace: str,
+                                                                         loop: str, apart: None) -> None:
+    """A thread that sleeps in the kernel (the loop's epoll_wait) makes a voluntary context switch: without
+    the spin the loop sleeps until each reply, with it it never sleeps on these calls."""
+    async def sequential(spin_us: int) -> tuple[list[str], int]:
+        pipe = Pipe(backend_urls.redis_url, spin_us)
+        try:
+            await pipe.call("PING")  # connect
+            before = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+            replies = [await pipe.call("INCR", f"{namespace}:{loop}:{spin_us}") for _ in range(50)]
+            return replies, resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw - before
+        finally:
+            pipe.close()
+
+    run = uvloop.run if loop == "uvloop" else asyncio.run
+    spins, misses = spin_counts()
+    replies, slept = run(sequential(0))
+    assert replies == list(range(1, 51))
+    assert slept >= 45, f"without the spin the loop sleeps until each reply ({slept} of 50)"
+    assert spin_counts() == (spins, misses), "no spin counted with MEMENTO_REDIS_SPIN_US=0"
+    replies, slept = run(sequential(5000))
+    assert replies == list(range(1, 51))
+    now_spins, now_misses = spin_counts()
+    assert now_spins - spins == 51, "every call on the idle connection spun"
+    assert now_misses - misses <= 5, "replies within 5 ms are caught while the loop polls"
+    assert slept <= 5, f"the loop slept {slept} times in 50 calls while spinning"
+
+
+async def test_a_reply_slower_than_the_spin_is_still_delivered_and_counted_as_a_miss(backend_urls: Endpoints,
+                                                                                    namespace: str) -> None:
+    pipe = Pipe(backend_urls.redis_url, 1000)
+    await pipe.call("PING")
+    spins, misses = spin_counts()
+    assert await pipe.call("BLPOP", f"{namespace}:empty", 0.05) is None, "Redis answers nil after 50 ms"
+    assert spin_counts() == (spins + 1, misses + 1), "the 1 ms spin ran out; the loop slept until the reply"
+    assert await pipe.call("PING") == "PONG"
+    pipe.close()
+
+
+async def test_other_tasks_run_while_the_loop_polls_for_a_reply(backend_urls: Endpoints, namespace: str) -> None:
+    pipe = Pipe(backend_urls.redis_url, 200_000)
+    await pipe.call("PING")
+    turns = 0
+    replies: list[str] = []
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    async def incr_soon() -> None:
+        await anyio.sleep(0.01)  # sent while the BLPOP below is outstanding: goes out after it, in order
+        replies.append(await pipe.call("INCR", f"{namespace}:n"))
+
+    task = asyncio.ensure_future(ticker())
+    try:
+        both = asyncio.gather(pipe.call("BLPOP", f"{namespace}:empty", 0.05), incr_soon())
+        assert await both == [None, None]
+    finally:
+        task.cancel()
+    assert replies == [1]
+    assert turns > 100, f"the loop ran the ticker {turns} times during the 50 ms spin"
     pipe.close()
