@@ -223,6 +223,7 @@ def floor_args(env: Env, sid: str, count: int = 1) -> tuple[list[str], list[str 
 
 
 async def bench_emit_sequential(env: Env) -> Figure:
+    """Also the same emits with MEMENTO_REDIS_SPIN_US=0 (the loop sleeps until each reply), for the spin's share."""
     manager = env.manager()
     await manager.start()
     n = 2000 if env.quick else 10000
@@ -230,7 +231,12 @@ async def bench_emit_sequential(env: Env) -> Figure:
     floor_sid = await new_session(env, manager)
     fkeys, fargs = floor_args(env, floor_sid)
     floor = await rate(n, lambda _: env.redis.fcall("ms_emit", 4, *fkeys, *fargs))
-    return Figure("emit, in-process, sequential", "events/s", ours, floor, ">= 0.7 x floor (bare FCALL)")
+    sleeping = SessionManager(env.redis, manager.settings, Pipe(env.redis_url, 0))
+    spin_off = await sequential_emits(env, sleeping, n)
+    assert sleeping.store.pipe is not None
+    sleeping.store.pipe.close()
+    return Figure("emit, in-process, sequential", "events/s", ours, floor, ">= 0.7 x floor (bare FCALL)",
+                  extra={"spin_us": manager.settings.redis_spin_us, "with_spin_off": spin_off})
 
 
 async def sequential_emits(env: Env, manager: SessionManager, count: int) -> float:
@@ -505,7 +511,7 @@ async def bench_peers(env: Env, python: Path, figures: list[Figure]) -> list[Fig
     """
     print("bench: peers ...", file=sys.stderr, flush=True)
     manager, rounds = env.manager(), 1 if env.quick else PEER_ROUNDS
-    peers, ours, sdk_seq, adk_seq = {}, [], [], []
+    peers, ours, sdk_seq, adk_seq, stolen = {}, [], [], [], steal_ms()
     for round_ in range(rounds):
         await quiet(env)
         found = await run_peers(env, python, concurrent=round_ == 0)
@@ -525,6 +531,7 @@ async def bench_peers(env: Env, python: Path, figures: list[Figure]) -> list[Fig
                    median(adk_seq), ">= 25 x peer",
                    extra={**rounds_of, **{f"peer_round{i + 1}": v for i, v in enumerate(adk_seq)}})]
     for row in rows:
+        row.extra["section_steal_ms"] = steal_ms() - stolen
         judge(row)
     return rows
 
@@ -648,7 +655,42 @@ async def run(args: argparse.Namespace) -> None:
     show(figures)
 
 
+async def delayed_fsyncs(env: Env) -> int:
+    """Times Redis held back an AOF write because the background fsync of the last one was still running."""
+    return int((await env.redis.info("persistence"))["aof_delayed_fsync"])
+
+
+async def redis_stalls(env: Env, delayed: int) -> str:
+    """What Redis's latency monitor saw since the last LATENCY RESET (events over STALL_MS), in words.
+
+    A slow disk shows as `aof-write-pending-fsync` or `aof-fsync-always`: the main thread waited on the AOF,
+    and every reply and publish waited with it. Each event's history holds one sample per second at most.
+    """
+    parts = []
+    for event, _, _, worst in await env.redis.execute_command("LATENCY", "LATEST"):
+        seconds = len(await env.redis.execute_command("LATENCY", "HISTORY", event))
+        parts.append(f"{event} in {seconds} s (max {worst} ms)")
+    stalls = ", ".join(parts) or "none"
+    return f"Redis stalls over {STALL_MS} ms: {stalls}; AOF writes held back by a slow fsync: {delayed}"
+
+
+STALL_MS = 5
+
+
+def steal_ms() -> float:
+    """Milliseconds the hypervisor has run something else on this VM's vCPUs, summed over vCPUs (0 off Linux).
+
+    A tail latency that comes with steal was the host's, not the code's.
+    """
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return 0.0
+    return int(fields[8]) * 1000 / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 async def measure(env: Env, only: list[str] | None) -> list[Figure]:
+    await env.redis.config_set("latency-monitor-threshold", STALL_MS)
     figures: list[Figure] = []
     for name, section in SECTIONS.items():
         if only and name not in only:
@@ -656,11 +698,16 @@ async def measure(env: Env, only: list[str] | None) -> list[Figure]:
         print(f"bench: {name} ...", file=sys.stderr, flush=True)
         settle_gc()  # as the daemon does after start-up: in-process sections run with the same GC settings
         await quiet(env)
-        before = await daemon_gc(env)
+        before, delayed, stolen = await daemon_gc(env), await delayed_fsyncs(env), steal_ms()
+        await env.redis.execute_command("LATENCY", "RESET")
+        started = time.perf_counter()
         result = await section(env)
-        print(f"bench: {name}: the daemon's GC pauses: {gc_note(before, await daemon_gc(env))}", file=sys.stderr,
-              flush=True)
+        took = time.perf_counter() - started
+        print(f"bench: {name}: {took:.1f} s; vCPU time the host took (steal): {steal_ms() - stolen:.0f} ms; "
+              f"the daemon's GC pauses: {gc_note(before, await daemon_gc(env))}; "
+              f"{await redis_stalls(env, await delayed_fsyncs(env) - delayed)}", file=sys.stderr, flush=True)
         for figure in result if isinstance(result, list) else [result]:
+            figure.extra["section_steal_ms"] = steal_ms() - stolen  # the host's share of this figure's time
             judge(figure)
             figures.append(figure)
     return figures
