@@ -8,6 +8,7 @@ import resource
 from collections.abc import Iterator
 
 import anyio
+import hiredis
 import pytest
 import redis
 import uvloop
@@ -176,4 +177,22 @@ async def test_other_tasks_run_while_the_loop_polls_for_a_reply(backend_urls: En
         task.cancel()
     assert replies == [1]
     assert turns > 100, f"the loop ran the ticker {turns} times during the 50 ms spin"
+    pipe.close()
+
+
+async def test_a_reply_the_spin_cannot_parse_fails_the_call_and_the_next_call_reconnects(
+        backend_urls: Endpoints) -> None:
+    """Real Redis, our own parser made to reject what it is fed: the spin's read treats it as the
+    transport treats a bad read, the end of that connection."""
+    class Refusing:
+        def feed(self, data: bytes) -> None:
+            raise hiredis.ProtocolError("refused by the test")
+
+    pipe = Pipe(backend_urls.redis_url, 200_000)
+    await pipe.call("PING")
+    assert pipe._protocol is not None
+    pipe._protocol.reader = Refusing()  # type: ignore[assignment]
+    with pytest.raises(RedisConnectionError, match=r"bad reply from Redis: .*refused by the test"):
+        await pipe.call("PING")
+    assert await pipe.call("PING") == "PONG", "a new connection, with a real parser"
     pipe.close()

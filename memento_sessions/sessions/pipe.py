@@ -106,7 +106,12 @@ class _Protocol(asyncio.Protocol):
             except OSError:
                 return
             if data:
-                self.data_received(data)
+                try:
+                    self.data_received(data)
+                except Exception as exc:  # as the transport does with its own reads: the connection is done
+                    self.lost = RedisConnectionError(f"bad reply from Redis: {exc!r}")
+                    self.fail_all()
+                    self.close()
             return
 
     def check(self) -> None:
