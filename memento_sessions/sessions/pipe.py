@@ -109,9 +109,7 @@ class _Protocol(asyncio.Protocol):
                 try:
                     self.data_received(data)
                 except Exception as exc:  # as the transport does with its own reads: the connection is done
-                    self.lost = RedisConnectionError(f"bad reply from Redis: {exc!r}")
-                    self.fail_all()
-                    self.close()
+                    self.give_up(RedisConnectionError(f"bad reply from Redis: {exc!r}"))
             return
 
     def check(self) -> None:
@@ -120,11 +118,16 @@ class _Protocol(asyncio.Protocol):
             return
         loop = asyncio.get_running_loop()
         if self.waiting and loop.time() - self.progress_at > CALL_TIMEOUT:
-            self.lost = RedisTimeoutError(f"no reply from Redis within {CALL_TIMEOUT}s")
-            self.fail_all()
-            self.close()  # later replies would be out of step: the next call opens a new connection
+            self.give_up(RedisTimeoutError(f"no reply from Redis within {CALL_TIMEOUT}s"))
             return
         loop.call_later(1.0, self.check)
+
+    def give_up(self, error: Exception) -> None:
+        """Fail every waiting call with `error` and close: later replies would be out of step, so the
+        next call opens a new connection."""
+        self.lost = error
+        self.fail_all()
+        self.close()
 
     def flush(self) -> None:
         if self.transport is not None and self.outbox and self.lost is None:
