@@ -43,6 +43,13 @@ class Settings(BaseSettings):
     mcp_allowed_hosts: str = ""  # comma-separated `name` or `name:port`, e.g. a reverse proxy's public name
     redis_spin_us: int = Field(default=250, ge=0, le=10_000)
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
+    bridge_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=16 * 1024 * 1024 * 1024)
+    session_max_events: int = Field(default=100_000, ge=10, le=100_000_000)
+    namespace_max_sessions: int = Field(default=10_000, ge=1, le=100_000_000)
+    max_connections: int = Field(default=10_000, ge=1, le=1_000_000)
+    ws_max_subscriptions: int = Field(default=1000, ge=1, le=1_000_000)
+    handshake_timeout: float = Field(default=10.0, ge=0.1, le=300.0)
+    mcp_max_sessions: int = Field(default=100, ge=1, le=100_000)
 
     @field_validator("redis_url", "falkordb_url")
     @classmethod
