@@ -66,6 +66,16 @@ def checkpoint_lock(ns: str, session_id: str) -> str:
     return f"{PREFIX}:{ns}:{{{session_id}}}:cplock"
 
 
+def pending_snapshots(ns: str, session_id: str) -> str:
+    """HASH of the session's failure snapshots Postgres has not taken yet (checkpoint id -> snapshot JSON)."""
+    return f"{PREFIX}:{ns}:{{{session_id}}}:pending-snapshots"
+
+
+def pending_snapshot_index() -> str:
+    """ZSET of the sessions that have pending snapshots: a later daemon finds them without a SCAN."""
+    return f"{PREFIX}:_system:pending-snapshots"
+
+
 def retention_lease() -> str:
     """Lease held by the one daemon that runs the retention jobs."""
     return f"{PREFIX}:_system:retention-lease"

@@ -32,6 +32,13 @@ WS_SLOW_CLOSES = Counter("memento_ws_slow_consumer_closes_total", "Connections c
 CHECKPOINTS = Counter("memento_checkpoints_total", "Checkpoints written", ["outcome"])
 KG_ANCHORS_WRITTEN = Counter("memento_kg_anchors_written_total", "SessionAnchor links written to the KG")
 FAILURE_SNAPSHOTS = Counter("memento_failure_snapshots_total", "Failure snapshots stored in Postgres")
+SNAPSHOTS_DEFERRED = Counter("memento_snapshots_deferred_total",
+                             "Failure snapshots Postgres could not take at once, kept in Redis until it does")
+SNAPSHOTS_PENDING = Gauge("memento_snapshots_pending", "Failure snapshots waiting in Redis at the last flush pass")
+KG_STUBS_PRUNED = Counter("memento_kg_stubs_pruned_total", "Stub CodebaseEntity nodes removed once nothing linked them")
+BRIDGE_CACHE_BYTES = Gauge("memento_bridge_cache_bytes", "Bytes held by the bridge's breakage cache")
+BRIDGE_CACHE_EVICTIONS = Counter("memento_bridge_cache_evictions_total",
+                                 "Bridge cache entries dropped or refused to stay within its bounds")
 
 BRIDGE_QUERY_SECONDS = Histogram(
     "memento_bridge_query_seconds", "Bridge query latency", ["query"], buckets=_FAST
