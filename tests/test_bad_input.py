@@ -37,6 +37,29 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
     ("bad idempotency id", {"type": "x", "id": "has space"}, -32602, "event.id"),
     ("naive timestamp", {"type": "x", "timestamp": "2026-01-01T00:00:00"}, -32602, "event.timestamp"),
     ("another actor", {"type": "x", "actor": "mallory"}, -32001, "event.actor"),
+    # Poison: values Redis takes but FalkorDB or Postgres JSONB cannot (json.dumps sends NaN/Infinity literally).
+    ("NUL in an entity id", {"type": "modified", "changeInfo": {"entityIds": ["a\u0000b"]}}, -32602,
+     "event.changeInfo.entityIds.0"),
+    ("newline in an entity id", {"type": "modified", "changeInfo": {"entityIds": ["a\nb"]}}, -32602,
+     "event.changeInfo.entityIds.0"),
+    ("DEL in a failed test id", {"type": "broke", "impact": {"testsFailed": ["t\u007f"]}}, -32602,
+     "event.impact.testsFailed.0"),
+    ("perfDelta 1e308", {"type": "x", "impact": {"perfDelta": 1e308}}, -32602, "event.impact.perfDelta"),
+    ("perfDelta over 1e12", {"type": "x", "impact": {"perfDelta": -1.5e12}}, -32602, "event.impact.perfDelta"),
+    ("perfDelta NaN", {"type": "x", "impact": {"perfDelta": float("nan")}}, -32602, "event.impact.perfDelta"),
+    ("perfDelta Infinity", {"type": "x", "impact": {"perfDelta": float("inf")}}, -32602, "event.impact.perfDelta"),
+    ("confidence NaN", {"type": "x", "stateTransition": {"to": "broken", "confidence": float("nan")}}, -32602,
+     "event.stateTransition.confidence"),
+    ("affectedLines over 1e12", {"type": "x", "changeInfo": {"affectedLines": 10**13}}, -32602,
+     "event.changeInfo.affectedLines"),
+    ("NaN deep in data", {"type": "x", "data": {"a": [1, {"b": float("nan")}]}}, -32602, "event.data"),
+    ("-Infinity in data", {"type": "x", "data": {"a": float("-inf")}}, -32602, "event.data"),
+    ("huge integer in data", {"type": "x", "data": {"n": 10**30}}, -32602, "event.data"),
+    ("NUL in a data string", {"type": "x", "data": {"text": "a\u0000"}}, -32602, "event.data"),
+    ("NUL in a data key", {"type": "x", "data": {"k\u0000": 1}}, -32602, "event.data"),
+    ("NUL in semanticHash", {"type": "x", "changeInfo": {"semanticHash": "h\u0000"}}, -32602,
+     "event.changeInfo.semanticHash"),
+    ("NUL in externalRef", {"type": "x", "impact": {"externalRef": "\u0000"}}, -32602, "event.impact.externalRef"),
 ]
 
 
@@ -78,6 +101,21 @@ async def test_a_batch_with_one_bad_event_writes_none_of_it(session: tuple[RpcSo
     too_many = await peer.error("event.emitBatch", {"sessionId": sid, "events": [{"type": "m"}] * 501})
     assert too_many["code"] == -32602 and too_many["data"][0]["field"] == "events"
     assert await stored(r, namespace, sid) == before
+
+
+async def test_poison_data_error_names_the_path(session: tuple[RpcSocket, str, aioredis.Redis],
+                                                namespace: str) -> None:
+    peer, sid, r = session
+    before = await stored(r, namespace, sid)
+    error = await peer.error("event.emit", {"sessionId": sid, "event": {"type": "x", "data": {"a": [0, {"b": 2e12}]}}})
+    assert error["code"] == -32602
+    assert error["data"] == [{"field": "event.data", "message": "Value error, data.a[1].b: 2e+12 is over 1e12 in magnitude"}]
+    nul = await peer.error("event.emit", {"sessionId": sid, "event": {"type": "x", "data": {"t": "\u0000"}}})
+    assert nul["data"] == [{"field": "event.data",
+                            "message": "Value error, data.t: contains NUL (\\u0000), which cannot be stored"}]
+    at_bound = {"type": "x", "impact": {"perfDelta": 1e12}, "data": {"n": -10**12, "f": 0.5}}
+    assert (await peer.call("event.emit", {"sessionId": sid, "event": at_bound}))["seq"] == 2  # 1e12 itself is fine
+    assert (await r.zcard(keys.session_keys(namespace, sid).events)) == before[0] + 1
 
 
 async def test_bad_params_and_frames(session: tuple[RpcSocket, str, aioredis.Redis], namespace: str) -> None:

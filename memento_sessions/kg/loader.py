@@ -24,11 +24,12 @@ from pydantic import (
 
 from memento_sessions.errors import MementoError
 from memento_sessions.kg.graph import BASE_LABEL, LABELS, RELATIONSHIPS, Graph, Label, Relationship
+from memento_sessions.sessions.storable import check_id, value_problem
 
 BATCH = 500
 MAX_RECORDS = 10_000  # per kg.upsert call; files are loaded in batches and have no limit
 
-EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(check_id)]
 PropName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 SCALARS = (bool, int, float, str)
 Progress = Callable[[int, int], None]
@@ -76,6 +77,10 @@ def _check_props(props: dict[str, Any]) -> dict[str, Any]:
     for key, value in props.items():
         if not _storable(value):
             raise ValueError(f"property {key!r} must be a string, number, boolean or an array of them")
+        # NaN, Infinity or a NUL stored once would fail every later read of the node (a "poison" value).
+        problem = value_problem(value, key)
+        if problem:
+            raise ValueError(problem)
     return props
 
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from memento_sessions.errors import InvalidParams
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import MAX_BATCH, ClientId, EntityId, EventIn, SessionState
+from memento_sessions.sessions.storable import check_text
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/-]{1,64}$")]
-LabelValue = Annotated[str, StringConstraints(max_length=256)]
+LabelValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
 
 
 class Params(BaseModel):

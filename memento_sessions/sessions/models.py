@@ -9,12 +9,15 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import pydantic_core
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from memento_sessions.sessions.storable import MAX_MAGNITUDE, check_id, check_number, check_text, value_problem
 
 ClientId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
-EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(check_id)]
 EventType = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
-ShortText = Annotated[str, StringConstraints(max_length=256)]
+ShortText = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
+Number = Annotated[float, AfterValidator(check_number)]  # finite, |x| <= 1e12: FalkorDB and JSONB store it
 State = Literal["working", "broken"]
 SessionState = Literal["working", "broken", "coordinating", "completed"]
 
@@ -28,14 +31,14 @@ STATE_OF_TYPE = {"broke": "broken", "test_pass": "working"}  # the state an even
 class Strict(BaseModel):
     """Unknown fields are errors, so a typo never passes silently."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ChangeInfo(Strict):
     elementType: ShortText | None = None
     entityIds: list[EntityId] = Field(default_factory=list, max_length=256)
     operation: Literal["added", "modified", "deleted", "renamed", "init"] | None = None
-    affectedLines: int | None = Field(default=None, ge=0)
+    affectedLines: int | None = Field(default=None, ge=0, le=int(MAX_MAGNITUDE))
     semanticHash: ShortText | None = None
 
 
@@ -49,7 +52,7 @@ class StateTransition(Strict):
 class Impact(Strict):
     severity: Literal["low", "medium", "high", "critical"] | None = None
     testsFailed: list[EntityId] = Field(default_factory=list, max_length=256)
-    perfDelta: float | None = None
+    perfDelta: Number | None = None
     externalRef: ShortText | None = None
 
 
@@ -68,7 +71,13 @@ class EventIn(Strict):
     @field_validator("data")
     @classmethod
     def _data_size(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        if value is not None and len(pydantic_core.to_json(value)) > MAX_DATA_BYTES:
+        if value is None:
+            return None
+        # Checked before encoding: NaN would encode as the non-JSON `NaN` and poison every later reader.
+        problem = value_problem(value, "data")
+        if problem:
+            raise ValueError(problem)
+        if len(pydantic_core.to_json(value)) > MAX_DATA_BYTES:
             raise ValueError(f"data is larger than {MAX_DATA_BYTES} bytes encoded")
         return value
 

@@ -1,0 +1,82 @@
+"""What every backend can store: the checks that keep a "poison" value out at the door.
+
+A value Redis accepts but FalkorDB or Postgres refuses (NaN, Infinity, a NUL in a string for JSONB) would
+make every later checkpoint, bridge query or snapshot of its session fail; so it is refused when it arrives.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+MAX_MAGNITUDE = 1e12
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def number_problem(value: int | float) -> str | None:
+    """Why a number cannot be stored, or None: NaN, Infinity and magnitudes over 1e12 are refused."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value} is not allowed (numbers must be finite)"
+    if abs(value) > MAX_MAGNITUDE:
+        return f"{value:.6g} is over 1e12 in magnitude"
+    return None
+
+
+def text_problem(value: str) -> str | None:
+    """Why a string cannot be stored, or None: Postgres JSONB refuses NUL (\\u0000)."""
+    return "contains NUL (\\u0000), which cannot be stored" if "\x00" in value else None
+
+
+def value_problem(value: Any, path: str) -> str | None:
+    """The first unstorable number or string in a JSON value, as `path: why`, or None.
+
+    Walks with a stack, not recursion, so no nesting the parser accepts can exhaust Python's stack.
+    """
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        problem = _scalar_problem(item)
+        if problem:
+            return f"{where}: {problem}"
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if text_problem(key):
+                    return f"{where}: a key {text_problem(key)}"
+                stack.append((f"{where}.{key}", inner))
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{i}]", inner) for i, inner in enumerate(item))
+    return None
+
+
+def _scalar_problem(item: Any) -> str | None:
+    if isinstance(item, bool):
+        return None
+    if isinstance(item, int | float):
+        return number_problem(item)
+    if isinstance(item, str):
+        return text_problem(item)
+    return None
+
+
+def check_id(value: str) -> str:
+    """An id (session, entity, agent, event) has no control characters; pydantic AfterValidator."""
+    if CONTROL.search(value):
+        raise ValueError("must not contain control characters (U+0000-U+001F, U+007F-U+009F)")
+    return value
+
+
+def check_text(value: str) -> str:
+    """A free-text field has no NUL; pydantic AfterValidator."""
+    problem = text_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def check_number(value: float) -> float:
+    """A number is finite and at most 1e12 in magnitude; pydantic AfterValidator."""
+    problem = number_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
