@@ -1,46 +1,68 @@
 """What the MCP tools take and return, in the wire's camelCase.
 
-Inputs reuse the field types of the JSON-RPC params models, so a tool and its method accept the same
-values. Outputs are TypedDicts that allow extra keys: a tool returns exactly the JSON-RPC result,
-key for key, and each one's outputSchema documents the keys an agent can rely on.
+Inputs reuse the field types of the JSON-RPC params models, and take their bounds from those models'
+fields (`Bounds`), so a tool and its method accept the same values and a bound changed on a method is
+changed on its tool. Outputs are TypedDicts that allow extra keys: a tool returns exactly the JSON-RPC
+result, key for key, and each one's outputSchema documents the keys an agent can rely on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, NotRequired
 
-from pydantic import ConfigDict, Field, with_config
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
-from memento_sessions.sessions.methods import LabelKey, LabelValue
+from memento_sessions.bridge.methods import OutcomesParams
+from memento_sessions.sessions.methods import CreateParams, GetParams, LabelKey, LabelValue, ListParams
 from memento_sessions.sessions.models import ClientId, EntityId, EventIn, SessionState
 
-# Inputs: the params of SPEC section 6, one Annotated type per argument.
+
+@dataclass(frozen=True)
+class Bounds(annotated_types.GroupedMetadata):
+    """The constraints (ge, le, max_length, ...) of one field of a JSON-RPC params model."""
+
+    model: type[BaseModel]
+    name: str
+
+    def __iter__(self) -> Iterator[object]:
+        yield from self.model.model_fields[self.name].metadata
+
+
+# Inputs: the params of the JSON-RPC methods, one Annotated type per argument.
 SessionId = Annotated[ClientId, Field(description="The session's id, as returned by create_session or "
                                                   "list_sessions (e.g. 'sess-3f2a...').")]
-EntityIds = Annotated[list[EntityId] | None, Field(max_length=256, description="Codebase entity ids this "
-                      "session works on (functions, files, clusters...), as in the knowledge graph.")]
+EntityIds = Annotated[list[EntityId] | None, Bounds(CreateParams, "entityIds"), Field(
+    description="Codebase entity ids this session works on (functions, files, clusters...), as in the "
+                "knowledge graph.")]
 NewSessionId = Annotated[ClientId | None, Field(description="Your own id for the session; omit it to get "
                                                             "'sess-<uuid>'.")]
-Ttl = Annotated[int | None, Field(ge=60, le=86400, description="Seconds of inactivity before the session "
-                                                                "expires; omit for the daemon's default.")]
-Labels = Annotated[dict[LabelKey, LabelValue] | None, Field(max_length=32, description="Free key/value labels, "
-                                                            "e.g. {\"task\": \"fix-login\"}.")]
+Ttl = Annotated[int | None, Bounds(CreateParams, "ttl"), Field(
+    description="Seconds of inactivity before the session expires, at most the daemon's default; omit for "
+                "that default.")]
+Labels = Annotated[dict[LabelKey, LabelValue] | None, Bounds(CreateParams, "labels"), Field(
+    description="Free key/value labels, e.g. {\"task\": \"fix-login\"}.")]
 Event = Annotated[EventIn, Field(description="The event: at least its type; the server adds seq, actor (you), "
                                             "sessionId and, when absent, timestamp.")]
 Condensed = Annotated[bool, Field(description="True for a summary (counts, entities, transitions, perfDelta) "
                                               "instead of every event.")]
-Since = Annotated[int, Field(ge=0, description="Return only events with seq greater than this.")]
-Limit = Annotated[int | None, Field(ge=1, le=10_000, description="At most this many events.")]
+Since = Annotated[int, Bounds(GetParams, "since"), Field(description="Return only events with seq greater "
+                                                                     "than this.")]
+Limit = Annotated[int | None, Bounds(GetParams, "limit"), Field(description="At most this many events.")]
 StateFilter = Annotated[SessionState | None, Field(description="Only sessions in this state.")]
 AgentFilter = Annotated[ClientId | None, Field(description="Only sessions this agent has joined.")]
-ListLimit = Annotated[int, Field(ge=1, le=500, description="At most this many sessions, newest first.")]
+ListLimit = Annotated[int | None, Bounds(ListParams, "limit"), Field(
+    description=f"At most this many sessions, newest first; omit for {ListParams.model_fields['limit'].default}.")]
 Final = Annotated[bool, Field(description="True to complete the session: its state becomes 'completed' and "
                                           "its data expires after a short grace period.")]
 EntityFilter = Annotated[EntityId | None, Field(description="Only transitions touching this entity id.")]
 AgentId = Annotated[ClientId, Field(description="The agent whose work to isolate.")]
 ClusterId = Annotated[EntityId, Field(description="Id of a SemanticCluster node of the knowledge graph.")]
-Days = Annotated[int, Field(ge=1, le=365, description="How many days back to look.")]
+Days = Annotated[int | None, Bounds(OutcomesParams, "days"), Field(
+    description=f"How many days back to look; omit for {OutcomesParams.model_fields['days'].default}.")]
 
 Json = dict[str, Any]
 _OPEN = ConfigDict(extra="allow")

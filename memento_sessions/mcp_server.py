@@ -12,14 +12,14 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any, cast
 
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ToolAnnotations
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+from mcp_types import CallToolResult, InputRequiredResult, ToolAnnotations
+from pydantic import ValidationError
 
 from memento_sessions import __version__
 from memento_sessions.auth import Identity
-from memento_sessions.backends import UNAVAILABLE, backend_of
-from memento_sessions.errors import BackendUnavailable, RpcError
+from memento_sessions.errors import InvalidParams, MethodNotFound, RpcError
 from memento_sessions.mcp_models import (
     AgentFilter,
     AgentId,
@@ -49,11 +49,12 @@ from memento_sessions.mcp_models import (
     Transitions,
     Ttl,
 )
-from memento_sessions.metrics import BACKEND_ERRORS
 from memento_sessions.ratelimit import Buckets
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Registry, Result, field_errors
 
 CALLER: ContextVar[Identity | None] = ContextVar("memento_mcp_caller", default=None)
+# The MCP request id of the tool call being run, for the log line of a failure.
+REQUEST_ID: ContextVar[str | None] = ContextVar("memento_mcp_request_id", default=None)
 
 INSTRUCTIONS = (
     "memento-sessions is the shared, live record of a swarm of agents' work sessions. Create or join a "
@@ -69,7 +70,7 @@ IDEMPOTENT = ToolAnnotations(read_only_hint=False, destructive_hint=False, idemp
 
 
 def describe(error: RpcError) -> str:
-    """`invalid params (-32602): event.type: String should match ...`: code, message and each field."""
+    """`invalid params (-32602); event.type: String should match ...`: message, code and each field."""
     return "; ".join([f"{error.message} ({error.code})", *_details(error.data)])
 
 
@@ -109,12 +110,9 @@ class Tools:
         try:
             if self.limits is not None:
                 self.limits.take((who.namespace, who.agent_id))
-            return await self.registry.call(Call(who), method, given)
+            return await self.registry.call(Call(who), method, given, REQUEST_ID.get())
         except RpcError as exc:
             raise ToolError(describe(exc)) from None
-        except UNAVAILABLE as exc:
-            BACKEND_ERRORS.labels(backend_of(exc)).inc()
-            raise ToolError(describe(BackendUnavailable(f"backend unavailable: {exc}"))) from None
 
     async def create_session(self, entityIds: EntityIds = None, sessionId: NewSessionId = None, ttl: Ttl = None,
                              labels: Labels = None) -> Created:
@@ -153,7 +151,7 @@ class Tools:
         return cast(SessionDetail, await self.call("session.get", params))
 
     async def list_sessions(self, state: StateFilter = None, agentId: AgentFilter = None,
-                            limit: ListLimit = 50) -> SessionList:
+                            limit: ListLimit = None) -> SessionList:
         """List the live sessions of your namespace, newest first, to find work to join or check on. Filter by
         state ('working', 'broken', 'coordinating', 'completed') or by an agent that joined them. Returns
         each session's id, state, agents, seq, labels, timestamps and last checkpoint."""
@@ -192,7 +190,7 @@ class Tools:
         its checkpoint anchors and failure snapshot."""
         return cast(Handoff, await self.call("bridge.handoff", {"sessionId": sessionId}))
 
-    async def session_outcomes(self, clusterId: ClusterId, days: Days = 7) -> Outcomes:
+    async def session_outcomes(self, clusterId: ClusterId, days: Days = None) -> Outcomes:
         """How work on one semantic cluster of the codebase has gone lately, to estimate the risk of
         touching it. Returns the cluster's name, the titles of the specs it implements, the recent
         sessions anchored on it, their average perfDelta and how many ended broken."""
@@ -209,13 +207,50 @@ class Tools:
         ]
 
 
+class Server(MCPServer):
+    """The SDK's server, with every tool error in the one format of `describe`.
+
+    The SDK checks a call's arguments against the tool's inputSchema before the tool runs and reports a
+    mismatch as pydantic's own text (with a documentation URL); here it becomes `invalid params (-32602)`
+    with each field, as the method's own check would say it.
+    """
+
+    names: frozenset[str] = frozenset()  # the tools registered by build_server
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> CallToolResult | InputRequiredResult:
+        """Run one tool as the SDK would, with its request id known to the log and errors reworded."""
+        if name not in self.names:
+            raise ToolError(f"Error executing tool {name}: {describe(MethodNotFound('unknown tool', {'tool': name}))}")
+        reset = REQUEST_ID.set(_request_id(context))
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(exc, UnexpectedToolError) or not isinstance(cause, ValidationError):
+                raise
+            error = InvalidParams("invalid params", field_errors(cause))
+            raise ToolError(f"Error executing tool {name}: {describe(error)}") from cause
+        finally:
+            REQUEST_ID.reset(reset)
+
+
+def _request_id(context: Context[Any, Any] | None) -> str | None:
+    try:
+        return context.request_id if context is not None else None
+    except ValueError:  # a call outside an MCP request (in-process) has none
+        return None
+
+
 def build_server(registry: Registry, identity: Identity | None = None, rate_limit: float = 0.0) -> MCPServer:
     """The MCP server with every tool; `identity` fixes the caller (stdio), else each request's token does.
 
     With `rate_limit`, each agent may make that many tool calls a second (bursts as many); a call over it
     is refused with -32029 and its retryAfterMs, and runs nothing.
     """
-    server: MCPServer = MCPServer("memento-sessions", version=__version__, instructions=INSTRUCTIONS)
-    for tool, hints in Tools(registry, identity, rate_limit).registrations():
+    server = Server("memento-sessions", version=__version__, instructions=INSTRUCTIONS)
+    tools = Tools(registry, identity, rate_limit).registrations()
+    for tool, hints in tools:
         server.add_tool(tool, description=" ".join((tool.__doc__ or "").split()), annotations=hints)
+    server.names = frozenset(tool.__name__ for tool, _ in tools)
     return server

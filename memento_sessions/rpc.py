@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
+import asyncpg
 import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from memento_sessions.auth import Identity
-from memento_sessions.backends import UNAVAILABLE, backend_of
+from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import (
     BackendUnavailable,
     InvalidParams,
@@ -76,14 +78,71 @@ class Registry:
         """Register `handler` under `name`."""
         self.methods[name] = Method(name, params, handler, scope)
 
-    async def call(self, call: Call, name: str, raw_params: Any) -> Result:
-        """Validate and run one method; raises RpcError subclasses."""
+    async def call(self, call: Call, name: str, raw_params: Any, request_id: Any = None) -> Result:
+        """Validate and run one method; raises RpcError subclasses (a backend failure as a clean -32050)."""
         method = self.methods.get(name)
         if method is None:
             raise MethodNotFound(f"unknown method {name!r}", {"method": name})
         call.identity.require(method.scope)
         params = validate(method.params, raw_params)
-        return await method.handler(call, params)
+        try:
+            return await method.handler(call, params)
+        except FAILURES as exc:
+            raise unavailable(exc, call, name, request_id) from None
+
+
+# The one place a backend failure becomes what a client sees. Driver messages name hosts, ports and
+# socket paths, so the client gets only the backend's name; the details go to the log.
+FAILURES: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable)
+BACKENDS = {"redis": "Redis", "falkordb": "FalkorDB", "postgres": "Postgres"}
+# FalkorDB is reached with a redis-py client, so a dead FalkorDB raises redis-py's errors: what tells it
+# from Redis is the code that made the call.
+GRAPH_MODULES = ("falkordb", "memento_sessions.kg.", "memento_sessions.bridge.graph",
+                 "memento_sessions.checkpoints.anchors")
+
+
+def unavailable(exc: BaseException, call: Call, method: str, request_id: Any) -> BackendUnavailable:
+    """`backend unavailable: Postgres` with `data.backend`, counted and logged with the request id."""
+    backend = backend_name(exc)
+    BACKEND_ERRORS.labels(backend).inc()
+    log.warning("backend unavailable", backend=backend, method=method, request_id=request_id,
+                agent_id=call.identity.agent_id, namespace=call.identity.namespace,
+                conn_id=call.peer.conn_id if call.peer else None, error=_cause(exc))
+    return BackendUnavailable(f"backend unavailable: {BACKENDS[backend]}", {"backend": backend})
+
+
+def backend_name(exc: BaseException) -> str:
+    """redis, falkordb or postgres: which backend a failure came from."""
+    if isinstance(exc, BackendUnavailable):
+        named = [name for name in BACKENDS if exc.message.lower().startswith(name)]
+        return named[0] if named else _by_caller(exc)
+    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
+        return "postgres"
+    return _by_caller(exc)
+
+
+def _by_caller(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc
+    if isinstance(cause, asyncpg.PostgresError | asyncpg.InterfaceError):
+        return "postgres"
+    modules = [_module(tb) for tb in _frames(cause.__traceback__) + _frames(exc.__traceback__)]
+    return "falkordb" if any(module.startswith(GRAPH_MODULES) for module in modules) else "redis"
+
+
+def _frames(tb: TracebackType | None) -> list[TracebackType]:
+    frames = []
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    return frames
+
+
+def _module(tb: TracebackType) -> str:
+    return str(tb.tb_frame.f_globals.get("__name__", ""))
+
+
+def _cause(exc: BaseException) -> str:
+    return repr(exc.__cause__) if exc.__cause__ is not None else repr(exc)
 
 
 def validate(model: type[P], raw: Any) -> P:
@@ -144,12 +203,9 @@ async def handle_frame(registry: Registry, call: Call, frame: str | bytes,
         message = parse(frame)
         if bucket is not None:
             bucket.take()
-        result = await registry.call(call, message["method"], message.get("params"))
+        result = await registry.call(call, message["method"], message.get("params"), message.get("id"))
     except RpcError as exc:
         error = exc
-    except UNAVAILABLE as exc:
-        BACKEND_ERRORS.labels(backend_of(exc)).inc()
-        error = BackendUnavailable(f"backend unavailable: {exc}")
     except Exception:
         log.exception("method failed", agent_id=call.identity.agent_id)
         error = RpcError("internal error")
