@@ -28,11 +28,17 @@ def runtime_file(settings: Settings) -> Path:
 
 
 def write_runtime(settings: Settings, endpoints: Endpoints, port: int) -> None:
-    """Record the embedded servers' URLs and the daemon's port for the other commands."""
+    """Record the embedded servers' URLs and the daemon's port for the other commands.
+
+    The URLs carry the servers' passwords: the file is for the data dir's owner only (0600).
+    """
     data = {**asdict(endpoints), "port": port, "pid": os.getpid()}
     path = runtime_file(settings)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(json.dumps(data))
     tmp.replace(path)
 
 

@@ -21,7 +21,7 @@ def test_a_picked_port_taken_meanwhile_is_replaced_by_another(tmp_path: Path) ->
         server.start()
         try:
             assert server.port != taken
-            assert redis.Redis(port=server.port).ping()
+            assert redis.Redis.from_url(server.tcp_url).ping()
         finally:
             server.stop()
 
@@ -34,7 +34,7 @@ def test_a_foreign_redis_on_our_port_is_not_taken_for_ours(tmp_path: Path, backe
     server.start()
     try:
         assert server.port != foreign_port, "ours moved to another port rather than trusting the foreign server"
-        info = redis.Redis(port=server.port).info("server")
+        info = redis.Redis.from_url(server.tcp_url).info("server")
         assert info["process_id"] == server.proc.pid if server.proc else False
     finally:
         server.stop()
@@ -47,7 +47,7 @@ def test_clients_get_the_unix_socket_when_its_path_fits(tmp_path: Path) -> None:
     for server in (short, deep):
         server.start()
     try:
-        assert short.url == f"unix://{tmp_path}/redis/redis.sock"
+        assert short.url == f"unix://:{short.password}@{tmp_path}/redis/redis.sock"
         assert redis.Redis.from_url(short.url).info("server")["process_id"] == (short.proc.pid if short.proc else 0)
         assert redis.Redis.from_url(short.tcp_url).ping()
         assert deep.socket_path is None and deep.url == deep.tcp_url

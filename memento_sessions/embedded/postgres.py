@@ -1,4 +1,15 @@
-"""The embedded Postgres 16 from pgserver's binaries, run in the foreground as our child."""
+"""The embedded Postgres 16 from pgserver's binaries, run in the foreground as our child.
+
+It asks for a password (scram-sha-256) on every connection; the password is generated into
+`directory/password` (0600) and reaches initdb on its stdin, never on a command line.
+
+As root, Postgres (which refuses root) runs as the system user `pgserver`. That user owns the
+cluster directory but may not be able to reach it: a data dir under /root, or under pytest's 0700
+temp dir, has parents only root can traverse. Rather than opening those parents to every local user,
+the child is started in the cluster directory (the chdir happens while it is still root) and given
+`/proc/self/cwd` as its data directory: that link leads to the directory without walking its parents,
+and every process Postgres forks inherits the same working directory.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +17,20 @@ import importlib.util
 import os
 import pwd
 import signal
-import stat
 import subprocess
+from functools import cached_property
 from pathlib import Path
 
-from memento_sessions.embedded.process import ChildServer, EmbeddedStartError, as_user, kill_orphan
+from memento_sessions.embedded.datadir import server_password
+from memento_sessions.embedded.process import CHILD_UMASK, ChildServer, EmbeddedStartError, as_user, kill_orphan
 
 _SYSTEM_USER = "pgserver"  # postgres refuses to run as root
+_HERE = "/proc/self/cwd"
+SUPERUSER = "postgres"
+HBA = """# Written by memento-sessions at every start: loopback TCP only, always with a password.
+host all all 127.0.0.1/32 scram-sha-256
+host all all ::1/128 scram-sha-256
+"""
 
 
 def _bin_dir() -> Path:
@@ -23,15 +41,8 @@ def _bin_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
-def _open_path_for(path: Path) -> None:
-    """Let another user traverse every parent of `path`."""
-    for parent in [path, *path.parents]:
-        mode = parent.stat().st_mode
-        parent.chmod(mode | stat.S_IXOTH | stat.S_IROTH)
-
-
 class EmbeddedPostgres(ChildServer):
-    """Postgres on loopback TCP only, its cluster under `directory/pgdata`."""
+    """Postgres on loopback TCP only, its cluster under `directory/pgdata`, behind a password."""
 
     name = "postgres"
     stop_signal = signal.SIGINT  # "fast" shutdown: roll back clients, checkpoint, exit
@@ -41,9 +52,14 @@ class EmbeddedPostgres(ChildServer):
         self.bin = _bin_dir()
         self.pgdata = directory / "pgdata"
 
+    @cached_property
+    def password(self) -> str:
+        """The superuser's password, generated on first use, then read from the data dir."""
+        return server_password(self.directory)
+
     @property
     def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql://{SUPERUSER}:{self.password}@127.0.0.1:{self.port}/postgres"
 
     def run_as(self) -> str | None:
         if os.geteuid() != 0:
@@ -54,39 +70,78 @@ class EmbeddedPostgres(ChildServer):
             subprocess.run(["useradd", "--system", "--no-create-home", _SYSTEM_USER], check=True)
         return _SYSTEM_USER
 
+    def cwd(self) -> Path | None:
+        return self.pgdata if self.run_as() else None
+
+    @property
+    def data_arg(self) -> str:
+        """The data directory as the child sees it (see the module's docstring)."""
+        return _HERE if self.run_as() else str(self.pgdata)
+
     def prepare(self) -> None:
         user = self.run_as()
-        if user is not None:
-            self._grant(user)
+        if self.directory.stat().st_uid != os.geteuid():
+            # an older version gave this directory to `pgserver`: the password file in it is ours alone
+            os.chown(self.directory, os.geteuid(), os.getegid())
+        self._own_pgdata(user)
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb(user)
+        elif not self._hba_is_ours():
+            self._set_password(user)  # a cluster made by an older version, with trust authentication
+        self._write_hba()
         kill_orphan(self.pgdata / "postmaster.pid", str(self.bin / "postgres"))
         (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
 
-    def _grant(self, user: str) -> None:
-        entry = pwd.getpwnam(user)
-        self.pgdata.mkdir(parents=True, exist_ok=True)
-        os.chown(self.pgdata, entry.pw_uid, entry.pw_gid)
+    def _own_pgdata(self, user: str | None) -> None:
+        """pgdata, 0700, owned by the user Postgres runs as; nothing outside it changes."""
+        self.pgdata.mkdir(exist_ok=True, mode=0o700)
         self.pgdata.chmod(0o700)
-        os.chown(self.directory, entry.pw_uid, entry.pw_gid)
-        _open_path_for(self.directory)
-        _open_path_for(self.bin / "postgres")
-        for sub in ("lib", "share"):
-            if (self.bin.parent / sub).exists():
-                _open_path_for(self.bin.parent / sub)
+        if user is None:
+            return
+        entry = pwd.getpwnam(user)
+        os.chown(self.pgdata, entry.pw_uid, entry.pw_gid)
+        self._run([str(self.bin / "postgres"), "--version"], user, "the postgres binary",
+                  hint=f"as root, Postgres runs as the system user {user!r}, which must be able to read "
+                  f"{self.bin.parent} (install memento-sessions outside a private home, or set "
+                  "MEMENTO_POSTGRES_DSN)")
 
     def _initdb(self, user: str | None) -> None:
-        args = [str(self.bin / "initdb"), "-D", str(self.pgdata), "--auth=trust", "-U", "postgres",
-                "-E", "utf8", "--no-sync"]
-        with open(self.log_path, "ab") as out:
-            done = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, check=False,
-                                  **as_user(user))
+        args = [str(self.bin / "initdb"), "-D", self.data_arg, "--auth=scram-sha-256", "-U", SUPERUSER,
+                "--pwprompt", "-E", "utf8", "--no-sync"]
+        # --pwprompt reads stdin when there is no terminal (the child has its own session)
+        self._run(args, user, "initdb", stdin=f"{self.password}\n{self.password}\n")
+
+    def _set_password(self, user: str | None) -> None:
+        args = [str(self.bin / "postgres"), "--single", "-D", self.data_arg, "postgres"]
+        self._run(args, user, "setting the postgres password",
+                  stdin=f"ALTER ROLE {SUPERUSER} PASSWORD '{self.password}';\n")
+
+    def _hba_is_ours(self) -> bool:
+        try:
+            return (self.pgdata / "pg_hba.conf").read_text() == HBA
+        except OSError:
+            return False
+
+    def _write_hba(self) -> None:
+        path = self.pgdata / "pg_hba.conf"
+        if self._hba_is_ours():
+            return
+        path.write_text(HBA)
+        path.chmod(0o600)
+        stat = self.pgdata.stat()
+        os.chown(path, stat.st_uid, stat.st_gid)
+
+    def _run(self, args: list[str], user: str | None, what: str, stdin: str = "", hint: str = "") -> None:
+        """Run one of Postgres's tools to completion as `user`, its output into our log."""
+        with self.open_log() as out:
+            done = subprocess.run(args, input=stdin.encode(), stdout=out, stderr=subprocess.STDOUT, check=False,
+                                  cwd=self.cwd(), umask=CHILD_UMASK, start_new_session=True, **as_user(user))
         if done.returncode != 0:
-            raise EmbeddedStartError(f"initdb failed with {done.returncode}; see {self.log_path}")
+            raise EmbeddedStartError(f"{what} failed with {done.returncode}; {hint or 'see ' + str(self.log_path)}")
 
     def argv(self) -> list[str]:
         return [
-            str(self.bin / "postgres"), "-D", str(self.pgdata), "-h", "127.0.0.1", "-p", str(self.port),
+            str(self.bin / "postgres"), "-D", self.data_arg, "-h", "127.0.0.1", "-p", str(self.port),
             "-c", "unix_socket_directories=", "-c", "max_connections=200", "-c", "fsync=on",
         ]
 

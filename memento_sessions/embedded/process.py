@@ -10,16 +10,18 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import anyio
 
+from memento_sessions.embedded.datadir import private_dir
 from memento_sessions.errors import MementoError
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMBEDDED_RESTARTS
 
 log = get_logger(__name__)
 _PR_SET_PDEATHSIG = 1
+CHILD_UMASK = 0o077  # every file a server creates (AOF, WAL, logs) is for the data dir's owner only
 
 
 class EmbeddedStartError(MementoError):
@@ -98,9 +100,19 @@ class ChildServer:
         """System user to run the server as (None: the daemon's own)."""
         return None
 
+    def cwd(self) -> Path | None:
+        """Working directory of the child (None: the daemon's own)."""
+        return None
+
     @property
     def log_path(self) -> Path:
         return self.directory / f"{self.name}.log"
+
+    def open_log(self) -> BinaryIO:
+        """The server's log, appended to, readable by the data dir's owner only."""
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # a log made by an older version was 0644
+        return os.fdopen(fd, "ab")
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the child and block until it answers; raises EmbeddedStartError.
@@ -122,12 +134,13 @@ class ChildServer:
                 self.port = free_port()
 
     def _start_once(self, timeout: float) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         self.prepare()
-        with open(self.log_path, "ab") as out:
+        with self.open_log() as out:
             self.proc = subprocess.Popen(
-                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent(self.stop_signal), start_new_session=True, **as_user(self.run_as()),
+                self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.cwd(),
+                umask=CHILD_UMASK, preexec_fn=_die_with_parent(self.stop_signal), start_new_session=True,
+                **as_user(self.run_as()),
             )
         self._wait_ready(timeout)
         log.info("embedded server ready", server=self.name, port=self.port, pid=self.proc.pid)
