@@ -17,6 +17,10 @@ EMBEDDED_RESTARTS = Counter("memento_embedded_restarts_total", "Embedded server 
 
 ACTIVE_SESSIONS = Gauge("memento_active_sessions", "Sessions in the index that have not expired")
 EVENTS = Counter("memento_events_total", "Events stored", ["type"])
+SESSION_LIMIT_REFUSALS = Counter("memento_session_limit_refusals_total", "Creates and emits refused at a bound "
+                                 "(session_full, namespace_full)", ["reason"])
+REPLY_PAGES = Counter("memento_reply_pages_total", "Replies cut to a page (count or bytes) with a next cursor",
+                      ["method"])
 REDIS_SPINS = Counter("memento_redis_spins_total",
                       "Writes on an idle hot-path connection after which the loop polled for the reply")
 REDIS_SPIN_MISSES = Counter("memento_redis_spin_misses_total",

@@ -17,12 +17,14 @@ from prometheus_client import Counter
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
-from memento_sessions.errors import Forbidden, InvalidParams, NotFound
+from memento_sessions.errors import Conflict, Forbidden, InvalidParams, NotFound
+from memento_sessions.janitor import sweep_namespace
 from memento_sessions.logs import get_logger
-from memento_sessions.metrics import EMIT_SECONDS, EVENTS
+from memento_sessions.metrics import EMIT_SECONDS, EVENTS, REPLY_PAGES, SESSION_LIMIT_REFUSALS
 from memento_sessions.rpc import encode_notification
-from memento_sessions.sessions.condense import condense
+from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EventIn
+from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_of
 from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.sessions.store import FunctionStore
 from memento_sessions.settings import Settings
@@ -109,10 +111,36 @@ def route(namespace: str, session_id: str) -> tuple[keys.SessionKeys, str, str]:
     return keys.session_keys(namespace, session_id), keys.session_channel(namespace, session_id), json_text(session_id)
 
 
-@functools.cache
+_COUNTERS = {kind: EVENTS.labels(kind) for kind in (*sorted(KNOWN_TYPES), "other")}
+
+
 def events_counter(event_type: str) -> Counter:
-    """The `memento_events_total` child of a type (types outside KNOWN_TYPES count as `other`)."""
-    return EVENTS.labels(event_type if event_type in KNOWN_TYPES else "other")
+    """The `memento_events_total` child of a type; client-chosen types outside KNOWN_TYPES count as `other`,
+    so neither the label set nor this lookup grows with what clients send."""
+    return _COUNTERS.get(event_type) or _COUNTERS["other"]
+
+
+LIST_CHUNK = 100  # index entries read per round trip by session.list
+LIST_SCAN = 20 * LIST_CHUNK  # index entries one session.list call reads at most before it returns a cursor
+
+
+def parse_cursor(cursor: str | None) -> tuple[str, tuple[int, str] | None]:
+    """A session.list cursor `<createdMs>:<sessionId>` as the ZREVRANGEBYSCORE max and the last id listed."""
+    if not cursor:
+        return "+inf", None
+    score, _, sid = cursor.partition(":")
+    return score, (int(score), sid)
+
+
+def matches(view: dict[str, Any], state: str | None, agent_id: str | None) -> bool:
+    """Whether a session view passes session.list's filters."""
+    return (state is None or view["state"] == state) and (agent_id is None or agent_id in view["agentIds"])
+
+
+def before_cursor(sid: str, score: int, after: tuple[int, str] | None) -> bool:
+    """True for index entries a previous page already covered: same creation ms, at or before its last id
+    in ZREVRANGE order (which sorts equal scores by id, descending)."""
+    return after is not None and score == after[0] and sid >= after[1]
 
 
 class SessionManager:
@@ -137,26 +165,57 @@ class SessionManager:
 
     async def create(self, who: Identity, *, entity_ids: Sequence[str] = (), session_id: str | None = None,
                      ttl: int | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
-        """A new working session with `who` as its first agent; with entity ids, a `start` event is seq 1."""
+        """A new working session with `who` as its first agent; with entity ids, a `start` event is seq 1.
+
+        Everything is checked before anything is written, and the session with its start event is one
+        Function call, so a create that fails leaves nothing behind (no half-made session).
+        """
         sid = session_id or f"sess-{uuid.uuid4()}"
         ttl = ttl or self.settings.session_ttl
         now, epoch, labels = now_ms(), uuid.uuid4().hex[:16], labels or {}
+        start = EventIn(type="start", changeInfo=ChangeInfo(elementType="session", entityIds=list(entity_ids),
+                                                            operation="init")) if entity_ids else None
+        skeys, channel, session_json = route(who.namespace, sid)
+        body = event_body(start, who.agent_id, session_json, iso(now)) if start else ""
         announce = encode_notification("sessions.announce", {"type": "new", "sessionId": sid,
                                                              "agentId": who.agent_id, "labels": labels})
-        await self.store.call("ms_create", keys.session_keys(who.namespace, sid), now, ttl, who.agent_id, epoch,
-                              pydantic_core.to_json(labels).decode(), keys.announce_channel(who.namespace),
-                              announce.decode(), "", "")
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.zadd(keys.session_index(who.namespace), {sid: now})
-            pipe.sadd(keys.namespaces(), who.namespace)
-            await pipe.execute()
-        seq = 0
-        if entity_ids:
-            start = EventIn(type="start", changeInfo=ChangeInfo(elementType="session", entityIds=list(entity_ids),
-                                                                operation="init"))
-            seq = (await self.emit(who, sid, start)).seq
-        return {"sessionId": sid, "state": "working", "seq": seq, "agentIds": [who.agent_id],
+        indexed = await self._reserve(who.namespace, sid, now)
+        try:
+            await self.store.call("ms_create", skeys, now, ttl, who.agent_id, epoch,
+                                  pydantic_core.to_json(labels).decode(), keys.announce_channel(who.namespace),
+                                  announce.decode(), "", "", body, channel, session_json)
+        except BaseException:
+            if indexed:  # the reservation was this call's own: undo it, the session does not exist
+                await self.redis.zrem(keys.session_index(who.namespace), sid)
+            raise
+        await self._indexed(who.namespace, sid, now, indexed)
+        if start is not None:
+            self._notify(who.namespace, sid, [Emitted(1, False, start)])
+        return {"sessionId": sid, "state": "working", "seq": 1 if start else 0, "agentIds": [who.agent_id],
                 "expiresAt": iso(now + ttl * 1000), "epoch": epoch}
+
+    async def _reserve(self, namespace: str, session_id: str, now: int) -> bool:
+        """Take a place in the namespace's index (False: the id was indexed already); namespace_full past
+        MEMENTO_NAMESPACE_MAX_SESSIONS, after dropping the entries of sessions Redis has expired."""
+        index, cap = keys.session_index(namespace), self.settings.namespace_max_sessions
+        try:
+            return await self.store.add_to_index(index, session_id, now, cap)
+        except Conflict:
+            # Expired sessions must not hold places: the janitor drops them every few seconds, but a create
+            # that finds the namespace full drops them first and tries once more.
+            await sweep_namespace(self.redis, namespace)
+        try:
+            return await self.store.add_to_index(index, session_id, now, cap)
+        except Conflict:
+            SESSION_LIMIT_REFUSALS.labels("namespace_full").inc()
+            raise
+
+    async def _indexed(self, namespace: str, session_id: str, now: int, added: bool) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            if not added:  # an id re-used after its session expired: list it as the newest again
+                pipe.zadd(keys.session_index(namespace), {session_id: now})
+            pipe.sadd(keys.namespaces(), namespace)
+            await pipe.execute()
 
     async def join(self, who: Identity, session_id: str) -> dict[str, Any]:
         """Add `who` to the session's agents."""
@@ -185,27 +244,70 @@ class SessionManager:
         now = now_ms()
         stamp = iso(now)
         skeys, channel, session_json = route(who.namespace, session_id)
-        args: list[str | int] = [now, who.agent_id, channel, session_json]
+        args: list[str | int] = [now, who.agent_id, channel, session_json, self.settings.session_max_events]
         for event in events:
             args += [event.id or "", event.new_state(), event_body(event, who.agent_id, session_json, stamp)]
-        flat = await self.store.call("ms_emit", skeys, *args)
+        try:
+            flat = await self.store.call("ms_emit", skeys, *args)
+        except Conflict as exc:
+            if isinstance(exc.data, dict) and exc.data.get("reason") == "session_full":
+                SESSION_LIMIT_REFUSALS.labels("session_full").inc()
+            raise
         done = [Emitted(int(flat[2 * i]), flat[2 * i + 1] == 1, event) for i, event in enumerate(events)]
         EMIT_SECONDS.observe(time.perf_counter() - started)
+        self._notify(who.namespace, session_id, done)
+        return done
+
+    def _notify(self, namespace: str, session_id: str, done: list[Emitted]) -> None:
         for item in done:
             if not item.duplicate:
                 events_counter(item.event.type).inc()
         for listener in self.listeners:
-            listener(who.namespace, session_id, done)
-        return done
+            listener(namespace, session_id, done)
 
     async def get(self, namespace: str, session_id: str, *, condensed: bool = False, since: int = 0,
                   limit: int | None = None) -> dict[str, Any]:
-        """The session with its events after `since` (or, condensed, their summary)."""
-        session, members = await self.read(namespace, session_id, since, None if condensed else limit)
-        events = [pydantic_core.from_json(member) for member in members]
+        """The session with a page of its events after `since` (at most `limit`, 1,000 by default, and a
+        quarter of the send buffer in bytes) and `nextSince` when more exist; or, condensed, their summary."""
         if condensed:
-            return {"session": session, **condense(events), "lastCheckpoint": session["lastCheckpoint"]}
-        return {"session": session, "events": events}
+            return await self._condensed(namespace, session_id)
+        session, page = await self._page(namespace, session_id, since, limit or PAGE)
+        events = [pydantic_core.from_json(member) for member in page.items]
+        result = {"session": session, "events": events}
+        if page.more:
+            result["nextSince"] = events[-1]["seq"]
+            REPLY_PAGES.labels("session.get").inc()
+        return result
+
+    async def _page(self, namespace: str, session_id: str, since: int, limit: int) -> tuple[dict[str, Any], Page]:
+        """The session view and the raw events of one page, read CHUNK at a time (one more than the page
+        needs, to know whether more exist)."""
+        page, want = Page(limit, page_bytes(self.settings.ws_send_buffer)), min(limit, CHUNK) + 1
+        session, members = await self.read(namespace, session_id, since, want)
+        events_key = keys.session_keys(namespace, session_id).events
+        # Stop when one did not fit (the page is full and more exist) or Redis had fewer than asked (no more).
+        while all(page.add(member) for member in members) and len(members) == want:
+            want = min(page.room(), CHUNK) + 1
+            members = await self._events_after(events_key, seq_of(page.items[-1]), want)
+        return session, page
+
+    async def _events_after(self, events_key: str, seq: int, count: int) -> list[str]:
+        """Up to `count` stored events with a seq above `seq`, raw."""
+        members: list[Any] = await self.redis.zrangebyscore(events_key, f"({seq}", "+inf", start=0, num=count)
+        return members
+
+    async def _condensed(self, namespace: str, session_id: str) -> dict[str, Any]:
+        """The summary of every event, folded CHUNK events at a time so neither memory nor one decode grows
+        with the session."""
+        folder = Condenser()
+        session, members = await self.read(namespace, session_id, 0, CHUNK)
+        events_key = keys.session_keys(namespace, session_id).events
+        while members:
+            folder.add([pydantic_core.from_json(member) for member in members])
+            if len(members) < CHUNK:
+                break
+            members = await self._events_after(events_key, seq_of(members[-1]), CHUNK)
+        return {"session": session, **folder.result(), "lastCheckpoint": session["lastCheckpoint"]}
 
     async def read(self, namespace: str, session_id: str, since: int = 0,
                    limit: int | None = None) -> tuple[dict[str, Any], list[str]]:
@@ -222,19 +324,34 @@ class SessionManager:
         return session_view(session_id, fields, list(agents), pttl), members
 
     async def list_sessions(self, namespace: str, *, state: str | None = None, agent_id: str | None = None,
-                   limit: int = 50) -> list[dict[str, Any]]:
-        """Sessions of the namespace, newest first, from the index (never KEYS or SCAN)."""
-        found: list[dict[str, Any]] = []
-        index, start, chunk = keys.session_index(namespace), 0, max(limit, 50)
-        while len(found) < limit and start < 20 * chunk:
-            ids = [str(sid) for sid in await self.redis.zrevrange(index, start, start + chunk - 1)]
-            if not ids:
-                break
-            views = await self._views(namespace, ids)
-            found += [v for v in views if v and (state is None or v["state"] == state)
-                      and (agent_id is None or agent_id in v["agentIds"])]
-            start += chunk
-        return found[:limit]
+                            limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
+        """A page of the namespace's sessions, newest first, from the index (never KEYS or SCAN), and
+        `nextCursor` when more may follow: the page stops at `limit`, at a quarter of the send buffer in
+        bytes, or after LIST_SCAN index entries (a filter that matches few sessions pages too)."""
+        page = Page(limit, page_bytes(self.settings.ws_send_buffer))
+        top, after = parse_cursor(cursor)
+        index, offset, last = keys.session_index(namespace), 0, after
+        while offset < LIST_SCAN:
+            fetched: list[Any] = await self.redis.zrevrangebyscore(index, top, "-inf", start=offset,
+                                                                   num=LIST_CHUNK, withscores=True)
+            offset += len(fetched)
+            rows = [(str(sid), int(score)) for sid, score in fetched if not before_cursor(str(sid), int(score), after)]
+            views = await self._views(namespace, [sid for sid, _ in rows])
+            for (sid, score), view in zip(rows, views, strict=True):
+                if view and matches(view, state, agent_id) and not page.add(view):
+                    return self._listed(page, last)
+                last = (score, sid)
+            if len(fetched) < LIST_CHUNK:
+                return self._listed(page, None)  # the index ended
+        return self._listed(page, last)
+
+    @staticmethod
+    def _listed(page: Page, last: tuple[int, str] | None) -> dict[str, Any]:
+        result: dict[str, Any] = {"sessions": page.items}
+        if last is not None:
+            result["nextCursor"] = f"{last[0]}:{last[1]}"
+            REPLY_PAGES.labels("session.list").inc()
+        return result
 
     async def _views(self, namespace: str, ids: list[str]) -> list[dict[str, Any] | None]:
         async with self.redis.pipeline(transaction=False) as pipe:

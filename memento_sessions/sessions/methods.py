@@ -13,6 +13,7 @@ from memento_sessions.sessions.models import MAX_BATCH, ClientId, EntityId, Even
 from memento_sessions.sessions.storable import check_text
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/-]{1,64}$")]
+ListCursor = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,16}:[A-Za-z0-9._:-]{1,128}$")]
 LabelValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
 
 
@@ -41,6 +42,7 @@ class ListParams(Params):
     state: SessionState | None = None
     agentId: ClientId | None = None
     limit: int = Field(default=50, ge=1, le=500)
+    cursor: ListCursor | None = None  # a previous page's nextCursor
 
 
 class EmitParams(SessionParams):
@@ -74,9 +76,8 @@ def register(registry: Registry, manager: SessionManager) -> None:
                                  limit=p.limit)
 
     async def list_(call: Call, p: ListParams) -> Result:
-        sessions = await manager.list_sessions(call.identity.namespace, state=p.state, agent_id=p.agentId,
-                                               limit=p.limit)
-        return {"sessions": sessions}
+        return await manager.list_sessions(call.identity.namespace, state=p.state, agent_id=p.agentId,
+                                           limit=p.limit, cursor=p.cursor)
 
     async def emit(call: Call, p: EmitParams) -> Result:
         done = await manager.emit(call.identity, p.sessionId, p.event)

@@ -44,6 +44,17 @@ class FunctionStore:
         except ResponseError as exc:
             raise translate(str(exc)) from None
 
+    async def add_to_index(self, index: str, session_id: str, now: int, max_sessions: int) -> bool:
+        """Index a new session unless the namespace is full (Conflict namespace_full); False if already indexed."""
+        try:
+            added = await self.redis.fcall("ms_index_add", 1, index, session_id, now, max_sessions)
+        except ResponseError as exc:
+            if "Function not found" not in str(exc):
+                raise translate(str(exc)) from None
+            await self.load()
+            return await self.add_to_index(index, session_id, now, max_sessions)
+        return bool(added)
+
     async def _fcall(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...]) -> Any:
         if self.pipe is not None:
             return await self.pipe.call("FCALL", function, 4, *keys.all(), *args)
@@ -51,7 +62,10 @@ class FunctionStore:
 
 
 def translate(message: str) -> Exception:
-    """NOTFOUND/CONFLICT/EXISTS replies become RpcErrors; anything else stays a Redis error."""
+    """NOTFOUND/CONFLICT/EXISTS/FULL replies become RpcErrors; anything else stays a Redis error."""
     word, _, text = message.partition(" ")
+    if word == "FULL":  # `FULL <reason> <detail>`: a bound was reached, -32009 with data.reason
+        reason, _, detail = text.partition(" ")
+        return Conflict(f"{reason.replace('_', ' ')}: {detail}", {"reason": reason})
     error = _ERRORS.get(word)
     return error(text) if error else ResponseError(message)
