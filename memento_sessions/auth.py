@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jwt
 
@@ -14,6 +14,8 @@ SCOPES = ("sessions:read", "sessions:write", "kg:write", "admin")
 DEFAULT_SCOPE = "sessions:read sessions:write"
 _NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# `ns` is required: a token that names no namespace must not silently land in `default`.
+REQUIRED = ("exp", "sub", "ns")
 
 
 class AuthError(MementoError):
@@ -27,6 +29,8 @@ class Identity:
     agent_id: str
     namespace: str
     scopes: frozenset[str]
+    # The token's `exp` (epoch seconds): a WebSocket is closed when it passes.
+    expires_at: float | None = field(default=None, compare=False)
 
     def require(self, scope: str) -> None:
         """Raise Forbidden unless the token carries `scope` (admin carries every scope)."""
@@ -53,23 +57,26 @@ def verify_token(secret: str, token: str | None) -> Identity:
     if not token:
         raise AuthError("missing token")
     try:
-        claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": ["exp", "sub"]})
+        claims = jwt.decode(token, secret, algorithms=["HS256"], options={"require": list(REQUIRED)})
     except jwt.ExpiredSignatureError as exc:
         raise AuthError("token expired") from exc
+    except jwt.MissingRequiredClaimError as exc:
+        raise AuthError(f"invalid token: no {exc.claim!r} claim") from exc
     except jwt.PyJWTError as exc:
         raise AuthError("invalid token") from exc
     return _identity(claims)
 
 
 def _identity(claims: dict[str, object]) -> Identity:
-    agent, ns, scope = claims.get("sub"), claims.get("ns", "default"), claims.get("scope", "")
+    agent, ns, scope = claims.get("sub"), claims.get("ns"), claims.get("scope", "")
     if not isinstance(agent, str) or not _NAME.match(agent):
         raise AuthError("invalid token subject")
     if not isinstance(ns, str) or not _NAMESPACE.match(ns):
         raise AuthError("invalid token namespace")
     if not isinstance(scope, str):
         raise AuthError("invalid token scope")
-    return Identity(agent, ns, frozenset(scope.split()))
+    exp = claims.get("exp")
+    return Identity(agent, ns, frozenset(scope.split()), float(exp) if isinstance(exp, int | float) else None)
 
 
 def bearer(authorization: str | None) -> str | None:

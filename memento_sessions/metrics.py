@@ -32,6 +32,9 @@ GC_PAUSE_SECONDS = Histogram("memento_gc_pause_seconds", "Pauses of Python's cyc
 WS_CONNECTIONS = Gauge("memento_ws_connections", "Open WebSocket connections")
 WS_MESSAGES_SENT = Counter("memento_ws_messages_sent_total", "Frames sent to WebSocket clients")
 WS_SLOW_CLOSES = Counter("memento_ws_slow_consumer_closes_total", "Connections closed as slow consumers")
+WS_REFUSED = Counter("memento_ws_refused_total", "WebSocket handshakes, subscriptions and connections refused or "
+                     "closed at a bound (max_connections, handshake_timeout, too_many_subscriptions, token_expired)",
+                     ["reason"])
 
 CHECKPOINTS = Counter("memento_checkpoints_total", "Checkpoints written", ["outcome"])
 KG_ANCHORS_WRITTEN = Counter("memento_kg_anchors_written_total", "SessionAnchor links written to the KG")

@@ -8,16 +8,19 @@ duplicate is dropped: each seq reaches the client exactly once, in order.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
+import anyio
 import pydantic_core
 from pydantic import Field
 
 from memento_sessions import keys
-from memento_sessions.errors import InvalidParams
+from memento_sessions.errors import Conflict, InvalidParams
 from memento_sessions.fanout import Fanout, event_frame, frame_head, frame_seq
 from memento_sessions.logs import get_logger
-from memento_sessions.rpc import Call, Peer, Registry, Result
+from memento_sessions.metrics import WS_REFUSED
+from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import Params, SessionParams
 
@@ -25,10 +28,32 @@ log = get_logger(__name__)
 REPLAY_CHUNK = 500
 
 
+@runtime_checkable
+class Feed(Protocol):
+    """What a subscription needs of its connection: rpc.Peer, plus counting held-back frames against its buffer."""
+
+    conn_id: str
+
+    def notify(self, frame: str) -> None:
+        """Queue one frame for the client."""
+
+    async def wait_room(self, nbytes: int) -> None:
+        """Wait until `nbytes` more fit in the send buffer."""
+
+    def on_close(self, cleanup: Callable[[], None]) -> None:
+        """Run `cleanup` when the connection ends."""
+
+    def hold(self, nbytes: int) -> bool:
+        """Count held-back bytes against the send buffer; False when the client was closed for it."""
+
+    def release(self, nbytes: int) -> None:
+        """Give back held bytes."""
+
+
 class Subscription:
     """One client's subscription to one session."""
 
-    def __init__(self, peer: Peer, manager: SessionManager, fanout: Fanout, namespace: str, session_id: str) -> None:
+    def __init__(self, peer: Feed, manager: SessionManager, fanout: Fanout, namespace: str, session_id: str) -> None:
         self.peer, self.manager, self.fanout = peer, manager, fanout
         self.namespace, self.session_id = namespace, session_id
         self.channel = keys.session_channel(namespace, session_id)
@@ -37,12 +62,16 @@ class Subscription:
         self.epoch = ""
         self.live = False
         self.pending: list[str] = []
+        self.pending_bytes = 0
         self.closed = False
+        self._replay: anyio.CancelScope | None = None
 
     def on_message(self, data: str) -> None:
-        """A live frame: buffered while catching up, else delivered if it is the next seq."""
+        """A live frame: held while catching up, else delivered if it is the next seq."""
+        if self.closed:
+            return
         if not self.live:
-            self.pending.append(data)
+            self._hold(data)
             return
         head = frame_head(data)
         if head is None:
@@ -56,26 +85,44 @@ class Subscription:
             self.last_seq = seq
             self.peer.notify(data)
         elif seq > self.last_seq + 1:
-            self.pending.append(data)
+            self._hold(data)
             self.on_reconnect()
+
+    def _hold(self, data: str) -> None:
+        """Keep a live frame for after the replay, counted against the connection's send buffer."""
+        if self.peer.hold(len(data)):
+            self.pending.append(data)
+            self.pending_bytes += len(data)
+        # else the client is being closed as a slow consumer, and the frame goes with it
 
     def on_reconnect(self) -> None:
         """Frames may have been missed: replay from the ZSET, then go live again."""
-        if self.live:
+        if self.live and not self.closed:
             self.live = False
             self.fanout.spawn(self.catch_up)
 
-    async def catch_up(self) -> None:
-        """Replay everything after last_seq from the ZSET, then the buffered frames, then go live."""
-        try:
-            await self._replay()
-        except Exception as exc:  # a backend error: the next reconnect or gap retries
-            log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
-            self.live = True
-            return
-        self._flush_pending()
+    def close(self) -> None:
+        """Stop at once: an in-flight replay is cancelled and nothing of this subscription is sent after."""
+        self.closed = True
+        if self._replay is not None:
+            self._replay.cancel()
+        self._take_pending()
 
-    async def _replay(self) -> None:
+    async def catch_up(self) -> None:
+        """Replay everything after last_seq from the ZSET, then the held frames, then go live."""
+        if self.closed:
+            return
+        with anyio.CancelScope() as self._replay:
+            try:
+                await self._replay_events()
+            except Exception as exc:  # a backend error: the next reconnect or gap retries
+                log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
+                self.live = True
+                return
+            self._flush_pending()
+        self._replay = None
+
+    async def _replay_events(self) -> None:
         while not self.closed:
             _, members = await self.manager.read(self.namespace, self.session_id, self.last_seq, REPLAY_CHUNK)
             for member in members:
@@ -84,11 +131,26 @@ class Subscription:
                 await self.peer.wait_room(len(frame))
                 self.peer.notify(frame)
                 self.last_seq = seq
+            self._trim_pending()
             if len(members) < REPLAY_CHUNK:
                 return
 
-    def _flush_pending(self) -> None:
+    def _trim_pending(self) -> None:
+        """Drop held frames the replay has just delivered from the ZSET: a fast reader holds only newer ones."""
+        kept = [frame for frame in self.pending if (seq := frame_seq(frame)) is None or seq > self.last_seq]
+        if len(kept) < len(self.pending):
+            self._take_pending()
+            for frame in kept:
+                self._hold(frame)
+
+    def _take_pending(self) -> list[str]:
         pending, self.pending = self.pending, []
+        self.peer.release(self.pending_bytes)
+        self.pending_bytes = 0
+        return pending
+
+    def _flush_pending(self) -> None:
+        pending = self._take_pending()
         self.live = True
         for frame in pending:
             seq = frame_seq(frame)
@@ -99,14 +161,19 @@ class Subscription:
 class Watch:
     """A `sessions.watch`: every announcement of the namespace, as it comes."""
 
-    def __init__(self, peer: Peer) -> None:
-        self.peer = peer
+    def __init__(self, peer: Feed, channel: str) -> None:
+        self.peer, self.channel = peer, channel
+        self.closed = False
 
     def on_message(self, data: str) -> None:
-        self.peer.notify(data)
+        if not self.closed:
+            self.peer.notify(data)
 
     def on_reconnect(self) -> None:
         """Announcements are not stored: a missed one is gone (clients list sessions to resync)."""
+
+    def close(self) -> None:
+        self.closed = True
 
 
 class SubscribeParams(SessionParams):
@@ -114,27 +181,58 @@ class SubscribeParams(SessionParams):
     epoch: str | None = Field(default=None, max_length=64)
 
 
-class Subscriptions:
-    """Every subscription and watch of this daemon, by connection."""
+Key = tuple[str, ...]
+Entries = dict[Key, Subscription | Watch]
 
-    def __init__(self, manager: SessionManager, fanout: Fanout) -> None:
+
+class Subscriptions:
+    """Every subscription and watch of this daemon, by connection, at most `limit` per connection."""
+
+    def __init__(self, manager: SessionManager, fanout: Fanout, limit: int | None = None) -> None:
         self.manager, self.fanout = manager, fanout
-        self.active: dict[tuple[str, str, str], Subscription] = {}
-        self.watches: dict[tuple[str, str], Watch] = {}
+        self.limit = limit or manager.settings.ws_max_subscriptions
+        self.conns: dict[str, Entries] = {}
+
+    def _entries(self, peer: Feed) -> Entries:
+        """This connection's subscriptions; the first one registers the connection's single cleanup."""
+        entries = self.conns.get(peer.conn_id)
+        if entries is None:
+            entries = self.conns[peer.conn_id] = {}
+            conn_id = peer.conn_id
+            peer.on_close(lambda: self._drop_connection(conn_id))
+        return entries
+
+    def _admit(self, entries: Entries, key: Key) -> None:
+        if key not in entries and len(entries) >= self.limit:
+            WS_REFUSED.labels("too_many_subscriptions").inc()
+            raise Conflict(f"too many subscriptions on this connection (at most {self.limit})",
+                           {"reason": "too_many_subscriptions", "limit": self.limit})
+
+    def _remove(self, entries: Entries, key: Key) -> None:
+        entry = entries.pop(key, None)
+        if entry is not None:
+            entry.close()
+            self.fanout.detach(entry.channel, entry)
+
+    def _drop_connection(self, conn_id: str) -> None:
+        entries = self.conns.pop(conn_id, {})
+        for key in list(entries):
+            self._remove(entries, key)
 
     async def subscribe(self, call: Call, p: SubscribeParams) -> Result:
         """Attach, read the session, replay what `since` asks for, then deliver live."""
         peer = require_peer(call)
-        key = (peer.conn_id, call.identity.namespace, p.sessionId)
-        self.unsubscribe_key(key)
-        sub = Subscription(peer, self.manager, self.fanout, call.identity.namespace, p.sessionId)
-        self.active[key] = sub
-        peer.on_close(lambda: self.unsubscribe_key(key))
+        entries = self._entries(peer)
+        key = ("session", call.identity.namespace, p.sessionId)
+        self._admit(entries, key)
+        self._remove(entries, key)  # a re-subscribe replaces the old one, whose replay stops here
+        sub = entries[key] = Subscription(peer, self.manager, self.fanout, call.identity.namespace, p.sessionId)
         try:
             await self.fanout.attach(sub.channel, sub)
             session, _ = await self.manager.read(sub.namespace, sub.session_id, 0, 1)
         except BaseException:
-            self.unsubscribe_key(key)
+            if entries.get(key) is sub:
+                self._remove(entries, key)
             raise
         return await self._start(sub, session, p)
 
@@ -147,31 +245,27 @@ class Subscriptions:
         sub.fanout.spawn(sub.catch_up)
         return {"seq": seq, "epoch": epoch, "recovered": recovered}
 
-    def unsubscribe_key(self, key: tuple[str, str, str]) -> None:
-        sub = self.active.pop(key, None)
-        if sub is not None:
-            sub.closed = True
-            self.fanout.detach(sub.channel, sub)
-
     async def unsubscribe(self, call: Call, p: SessionParams) -> Result:
-        self.unsubscribe_key((require_peer(call).conn_id, call.identity.namespace, p.sessionId))
+        """Stop the subscription at once, its replay included."""
+        entries = self.conns.get(require_peer(call).conn_id)
+        if entries is not None:
+            self._remove(entries, ("session", call.identity.namespace, p.sessionId))
         return {}
 
     async def watch(self, call: Call, _: Params) -> Result:
         """Forward the namespace's announcements to this connection."""
         peer = require_peer(call)
-        key = (peer.conn_id, call.identity.namespace)
-        if key not in self.watches:
-            watch = self.watches[key] = Watch(peer)
-            channel = keys.announce_channel(call.identity.namespace)
-            peer.on_close(lambda: self._unwatch(key, channel))
-            await self.fanout.attach(channel, watch)
+        entries = self._entries(peer)
+        key = ("watch", call.identity.namespace)
+        if key not in entries:
+            self._admit(entries, key)
+            watch = entries[key] = Watch(peer, keys.announce_channel(call.identity.namespace))
+            try:
+                await self.fanout.attach(watch.channel, watch)
+            except BaseException:
+                self._remove(entries, key)
+                raise
         return {}
-
-    def _unwatch(self, key: tuple[str, str], channel: str) -> None:
-        watch = self.watches.pop(key, None)
-        if watch is not None:
-            self.fanout.detach(channel, watch)
 
     def register(self, registry: Registry) -> None:
         registry.add("session.subscribe", SubscribeParams, self.subscribe, "sessions:read")
@@ -184,9 +278,9 @@ def member_seq(member: str) -> int:
     return int(member[7:member.index(",", 7)])
 
 
-def require_peer(call: Call) -> Peer:
-    """Subscriptions need a connection to deliver to."""
-    if call.peer is None:
+def require_peer(call: Call) -> Feed:
+    """Subscriptions need a WebSocket connection to deliver to."""
+    if not isinstance(call.peer, Feed):
         raise InvalidParams("subscriptions need a WebSocket connection", [{"field": "method",
                                                                           "message": "WebSocket only"}])
     return call.peer

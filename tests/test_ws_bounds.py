@@ -1,0 +1,280 @@
+"""The WebSocket layer's bounds, over real sockets: nothing a client does grows the daemon without limit."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import gc
+import json
+import os
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from memento_sessions.daemon import Daemon, running
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.gateway import Connection
+from memento_sessions.metrics import WS_REFUSED
+from memento_sessions.subscriptions import Subscriptions
+from tests.conftest import make_settings, token
+from tests.rpcsocket import rpc
+
+pytestmark = pytest.mark.anyio
+SMALL_BUFFER = 64 * 1024
+
+
+async def fill(port: int, namespace: str, count: int, size: int) -> str:
+    """A new session holding `count` events of about `size` bytes each."""
+    async with rpc(port, token("writer", namespace)) as peer:
+        sid: str = (await peer.call("session.create", {}))["sessionId"]
+        batch = min(count, max(1, 500_000 // size), 500)
+        for start in range(0, count, batch):
+            events = [{"type": "modified", "data": {"b": "x" * size}}] * min(batch, count - start)
+            await peer.call("event.emitBatch", {"sessionId": sid, "events": events})
+    return sid
+
+
+def masked(text: str) -> bytes:
+    """A client's (masked) text frame."""
+    data, mask = text.encode(), os.urandom(4)
+    size = len(data)
+    head = bytes((0x81, 0x80 | size)) if size < 126 else struct.pack("!BBH", 0x81, 0xFE, size)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+async def raw_client(port: int, tok: str, rcvbuf: int = 4096) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WebSocket client on a socket with a tiny receive buffer, past the handshake; it reads only if told."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write((f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {tok}\r\n\r\n"
+                  ).encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 101"), head
+    return reader, writer
+
+
+def request(method: str, params: dict[str, Any], request_id: int = 1) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params})
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def subscriptions_of(daemon: Daemon) -> Subscriptions:
+    assert daemon.services is not None
+    handler: Any = daemon.services.registry.methods["session.subscribe"].handler
+    subs: Subscriptions = handler.__self__
+    return subs
+
+
+def catch_up_tasks() -> list[asyncio.Task[Any]]:
+    return [task for task in asyncio.all_tasks() if "catch_up" in task.get_name()]
+
+
+async def wait_until(predicate: Any, timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+async def leave_during_replay(daemon: Daemon, namespace: str, sid: str) -> None:
+    """Subscribe since 0, read nothing, wait until the replay is blocked on the full buffer, hang up."""
+    _, writer = await raw_client(daemon.port, token("leaver", namespace))
+    writer.write(masked(request("session.subscribe", {"sessionId": sid, "since": 0})))
+    gateway = daemon.gateway
+    assert gateway is not None
+    await wait_until(lambda: any(c.queued_bytes >= SMALL_BUFFER // 4 for c in gateway.connections))
+    writer.close()
+
+
+async def test_clients_that_leave_during_a_replay_leave_nothing_behind(backend_urls: Endpoints, tmp_path: Path,
+                                                                        namespace: str) -> None:
+    """200 subscribers of a 5,000-event session hang up mid-replay: no Connection, task or memory stays."""
+    async with running(make_settings(backend_urls, tmp_path, ws_send_buffer=SMALL_BUFFER)) as daemon:
+        sid = await fill(daemon.port, namespace, 5000, 1000)
+        gateway = daemon.gateway
+        assert gateway is not None
+        for _ in range(20):
+            await leave_during_replay(daemon, namespace, sid)
+        await wait_until(lambda: not gateway.connections)
+        gc.collect()
+        before = rss_bytes()
+        for _ in range(180):
+            await leave_during_replay(daemon, namespace, sid)
+        await wait_until(lambda: not gateway.connections)
+        await wait_until(lambda: not catch_up_tasks(), 5)
+        gc.collect()
+        assert [o for o in gc.get_objects() if isinstance(o, Connection)] == []
+        assert subscriptions_of(daemon).conns == {}
+        assert rss_bytes() - before < 16 * 1024 * 1024, "180 abandoned replays grew the daemon"
+
+
+async def read_close_code(reader: asyncio.StreamReader) -> int:
+    """Read server frames until the close frame; its code."""
+    with anyio.fail_after(20):
+        while True:
+            first, second = await reader.readexactly(2)
+            size = second & 0x7F
+            if size == 126:
+                size = struct.unpack("!H", await reader.readexactly(2))[0]
+            elif size == 127:
+                size = struct.unpack("!Q", await reader.readexactly(8))[0]
+            payload = await reader.readexactly(size)
+            if first & 0x0F == 0x8:
+                code: int = struct.unpack("!H", payload[:2])[0]
+                return code
+
+
+async def test_live_frames_held_during_a_replay_count_against_the_buffer(backend_urls: Endpoints, tmp_path: Path,
+                                                                         namespace: str) -> None:
+    """A subscriber that reads nothing while its replay waits and live events pile up is closed with 4008."""
+    async with running(make_settings(backend_urls, tmp_path, ws_send_buffer=SMALL_BUFFER)) as daemon:
+        sid = await fill(daemon.port, namespace, 5000, 1000)
+        gateway = daemon.gateway
+        assert gateway is not None
+        reader, writer = await raw_client(daemon.port, token("lazy", namespace))
+        writer.write(masked(request("session.subscribe", {"sessionId": sid, "since": 0})))
+        await wait_until(lambda: any(c.queued_bytes >= SMALL_BUFFER // 4 for c in gateway.connections))
+        (lazy,) = gateway.connections
+        peak = 0
+        async with rpc(daemon.port, token("writer", namespace)) as peer:
+            for _ in range(100):
+                await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified",
+                                                                           "data": {"b": "y" * 1000}}})
+                peak = max(peak, lazy.queued_bytes)
+        assert lazy.close_code == 4008
+        assert peak <= SMALL_BUFFER
+        assert await read_close_code(reader) == 4008
+        writer.close()
+
+
+async def test_a_frame_over_half_the_buffer_does_not_wedge_a_replay(backend_urls: Endpoints, tmp_path: Path,
+                                                                     namespace: str) -> None:
+    """Events of 60 KB with a 64 KiB buffer: a replay delivers every one to a client that reads."""
+    async with running(make_settings(backend_urls, tmp_path, ws_send_buffer=SMALL_BUFFER)) as daemon:
+        sid = await fill(daemon.port, namespace, 6, 60_000)
+        async with rpc(daemon.port, token("reader", namespace)) as peer:
+            await peer.call("session.subscribe", {"sessionId": sid, "since": 0})
+            seqs = [(await peer.notification("session.event"))["params"]["seq"] for _ in range(6)]
+        assert seqs == [1, 2, 3, 4, 5, 6]
+
+
+async def test_unsubscribe_stops_an_inflight_replay_at_once(backend_urls: Endpoints, tmp_path: Path,
+                                                            namespace: str) -> None:
+    """No event after the unsubscribe's reply; a re-subscribe replays from 1 with nothing interleaved."""
+    async with running(make_settings(backend_urls, tmp_path, ws_send_buffer=SMALL_BUFFER)) as daemon:
+        sid = await fill(daemon.port, namespace, 3000, 300)
+        async with rpc(daemon.port, token("reader", namespace)) as peer:
+            await peer.call("session.subscribe", {"sessionId": sid, "since": 0})
+            await peer.notification("session.event")
+            await peer.call("session.unsubscribe", {"sessionId": sid})
+            peer.notifications.clear()
+            with anyio.move_on_after(0.5):
+                await peer.notification("session.event", timeout=1)
+            assert peer.notifications == [], "events arrived after the unsubscribe's reply"
+            await peer.call("session.subscribe", {"sessionId": sid, "since": 0})
+            seqs = [(await peer.notification("session.event"))["params"]["seq"] for _ in range(3000)]
+        assert seqs == list(range(1, 3001))
+
+
+async def test_subscriptions_per_connection_are_capped_and_cleaned_once(backend_urls: Endpoints, tmp_path: Path,
+                                                                        namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, ws_max_subscriptions=3)) as daemon:
+        refused = WS_REFUSED.labels("too_many_subscriptions")._value.get()
+        async with rpc(daemon.port, token("a", namespace)) as peer:
+            sids = [(await peer.call("session.create", {}))["sessionId"] for _ in range(3)]
+            assert (await peer.error("session.subscribe", {"sessionId": "missing"}))["code"] == -32004
+            await peer.call("sessions.watch")
+            await peer.call("session.subscribe", {"sessionId": sids[0]})
+            await peer.call("session.subscribe", {"sessionId": sids[1]})
+            error = await peer.error("session.subscribe", {"sessionId": sids[2]})
+            assert error["code"] == -32009
+            assert error["data"] == {"reason": "too_many_subscriptions", "limit": 3}
+            await peer.call("session.subscribe", {"sessionId": sids[1], "since": 0})  # a re-subscribe is no new one
+            for _ in range(50):
+                await peer.call("session.unsubscribe", {"sessionId": sids[1]})
+                await peer.call("session.subscribe", {"sessionId": sids[2]})
+                await peer.call("session.unsubscribe", {"sessionId": sids[2]})
+                await peer.call("session.subscribe", {"sessionId": sids[1]})
+            gateway = daemon.gateway
+            assert gateway is not None
+            (conn,) = gateway.connections
+            assert len(conn._cleanups) == 1
+            assert len(subscriptions_of(daemon).conns[conn.conn_id]) == 3
+        assert WS_REFUSED.labels("too_many_subscriptions")._value.get() == refused + 1
+        await wait_until(lambda: subscriptions_of(daemon).conns == {})
+
+
+async def test_connections_past_the_cap_get_503(backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, max_connections=2)) as daemon:
+        refused = WS_REFUSED.labels("max_connections")._value.get()
+        async with rpc(daemon.port, token("a", namespace)), rpc(daemon.port, token("b", namespace)):
+            with pytest.raises(InvalidStatus) as third:
+                async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={token('c', namespace)}"):
+                    pass
+            assert third.value.response.status_code == 503
+            assert b"MEMENTO_MAX_CONNECTIONS" in third.value.response.body
+        assert WS_REFUSED.labels("max_connections")._value.get() == refused + 1
+        gateway = daemon.gateway
+        assert gateway is not None
+        await wait_until(lambda: not gateway.connections)
+        async with rpc(daemon.port, token("c", namespace)) as peer:
+            assert (await peer.error("no.such"))["code"] == -32601
+
+
+async def test_a_handshake_slower_than_the_timeout_is_dropped(backend_urls: Endpoints, tmp_path: Path,
+                                                              namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, handshake_timeout=0.5)) as daemon:
+        refused = WS_REFUSED.labels("handshake_timeout")._value.get()
+        reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
+        writer.write(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        started = anyio.current_time()
+        with anyio.fail_after(3):
+            assert await reader.read() == b""
+        assert 0.4 < anyio.current_time() - started < 2.0
+        writer.close()
+        assert WS_REFUSED.labels("handshake_timeout")._value.get() == refused + 1
+        async with rpc(daemon.port, token("a", namespace)) as peer:  # a prompt client is served past the deadline
+            await anyio.sleep(0.8)
+            assert (await peer.error("no.such"))["code"] == -32601
+
+
+async def test_a_connection_is_closed_with_4001_when_its_token_expires(daemon: Daemon, namespace: str) -> None:
+    async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={token('brief', namespace, ttl=2)}") as ws:
+        with pytest.raises(ConnectionClosed) as closed:
+            with anyio.fail_after(5):
+                while True:
+                    await ws.recv()
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4001, "token expired")
+
+
+async def test_a_client_that_hangs_up_before_its_replies_logs_no_traceback(daemon: Daemon, namespace: str,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    sid = await fill(daemon.port, namespace, 200, 2000)
+    caplog.set_level("DEBUG")
+    for _ in range(10):
+        reader, writer = await raw_client(daemon.port, token("rude", namespace))
+        for i in range(20):
+            writer.write(masked(request("session.get", {"sessionId": sid}, i)))
+        await writer.drain()
+        await anyio.sleep(0.05)
+        writer.transport.abort()
+    gateway = daemon.gateway
+    assert gateway is not None
+    await wait_until(lambda: not gateway.connections)
+    await anyio.sleep(0.2)
+    assert [r for r in caplog.records if r.exc_info or "Exception in ASGI" in r.getMessage()] == []
