@@ -46,7 +46,8 @@ async def snapshot_rows(dsn: str, session_id: str) -> list[tuple[str, int]]:
 async def test_broken_then_fixed_in_one_window_is_working_with_broke_during(daemon: Daemon, namespace: str,
                                                                            backend_urls: Endpoints) -> None:
     async with rpc(daemon.port, token("alice", namespace)) as a:
-        sid = (await a.call("session.create", {"entityIds": ["fn:parse"]}))["sessionId"]
+        made = await a.call("session.create", {"entityIds": ["fn:parse"]})
+        sid, epoch = made["sessionId"], made["epoch"]
         await a.call("event.emitBatch", {"sessionId": sid, "events": [
             {"type": "broke", "changeInfo": {"entityIds": ["fn:parse", "test:io"]},
              "impact": {"severity": "high", "perfDelta": 3}},
@@ -54,11 +55,11 @@ async def test_broken_then_fixed_in_one_window_is_working_with_broke_during(daem
             {"type": "test_pass"},
         ]})
         result = await a.call("session.checkpoint", {"sessionId": sid})
-    assert result == {"checkpointId": f"cp-{sid}-4", "outcome": "working", "brokeDuring": True,
+    assert result == {"checkpointId": f"cp/{namespace}/{epoch}/{sid}/4", "outcome": "working", "brokeDuring": True,
                       "keyImpacts": ["fn:parse:high", "test:io:high", "modified:critical"], "perfDelta": 1.5,
                       "actors": ["alice"], "entityIds": ["fn:parse", "test:io"]}
     assert await snapshot_rows(backend_urls.postgres_dsn or "", sid) == []
-    assert [a["id"] for a in await anchors_on(backend_urls, namespace, "test:io")] == [f"cp-{sid}-4"]
+    assert [a["id"] for a in await anchors_on(backend_urls, namespace, "test:io")] == [result["checkpointId"]]
 
 
 async def test_ending_broken_keeps_a_snapshot_of_every_event_and_completes(daemon: Daemon, namespace: str,
@@ -95,18 +96,19 @@ async def test_every_n_events_and_checkpoint_events_trigger_a_checkpoint(backend
                                                                          namespace: str) -> None:
     async with running(make_settings(backend_urls, tmp_path, checkpoint_every=5)) as daemon, \
             rpc(daemon.port, token("alice", namespace)) as a:
-        sid = (await a.call("session.create", {}))["sessionId"]
+        made = await a.call("session.create", {})
+        sid, cp = made["sessionId"], f"cp/{namespace}/{made['epoch']}/{made['sessionId']}"
         await a.call("session.subscribe", {"sessionId": sid})
         await a.call("event.emitBatch", {"sessionId": sid, "events": [
             {"type": "modified", "changeInfo": {"entityIds": [f"fn:{i}"]}} for i in range(5)]})
         first = await a.notification("session.checkpoint")
-        assert first["params"]["checkpointId"] == f"cp-{sid}-5"
+        assert first["params"]["checkpointId"] == f"{cp}/5"
         await a.call("event.emit", {"sessionId": sid, "event": {"type": "checkpoint",
                                                                 "changeInfo": {"entityIds": ["fn:late"]}}})
         second = await a.notification("session.checkpoint")
-        assert second["params"]["checkpointId"] == f"cp-{sid}-6"
-    assert [x["id"] for x in await anchors_on(backend_urls, namespace, "fn:3")] == [f"cp-{sid}-5"]
-    assert [x["id"] for x in await anchors_on(backend_urls, namespace, "fn:late")] == [f"cp-{sid}-6"]
+        assert second["params"]["checkpointId"] == f"{cp}/6"
+    assert [x["id"] for x in await anchors_on(backend_urls, namespace, "fn:3")] == [f"{cp}/5"]
+    assert [x["id"] for x in await anchors_on(backend_urls, namespace, "fn:late")] == [f"{cp}/6"]
 
 
 async def test_two_daemons_checkpointing_at_once_write_once(backend_urls: Endpoints, tmp_path: Path,
@@ -114,7 +116,8 @@ async def test_two_daemons_checkpointing_at_once_write_once(backend_urls: Endpoi
     async with running(make_settings(backend_urls, tmp_path / "1")) as one, \
             running(make_settings(backend_urls, tmp_path / "2")) as two, \
             rpc(one.port, token("a", namespace)) as a, rpc(two.port, token("b", namespace)) as b:
-        sid = (await a.call("session.create", {"entityIds": ["fn:shared", "fn:other"]}))["sessionId"]
+        made = await a.call("session.create", {"entityIds": ["fn:shared", "fn:other"]})
+        sid = made["sessionId"]
         await b.call("event.emit", {"sessionId": sid, "event": {"type": "broke"}})
         results: list[Any] = []
 
@@ -124,7 +127,7 @@ async def test_two_daemons_checkpointing_at_once_write_once(backend_urls: Endpoi
         async with anyio.create_task_group() as tg:
             tg.start_soon(ask, a)
             tg.start_soon(ask, b)
-    assert results[0]["checkpointId"] == results[1]["checkpointId"] == f"cp-{sid}-2"
+    assert results[0]["checkpointId"] == results[1]["checkpointId"] == f"cp/{namespace}/{made['epoch']}/{sid}/2"
     assert len(await anchors_on(backend_urls, namespace, "fn:shared")) == 1
     assert len(await anchors_on(backend_urls, namespace, "fn:other")) == 1
     assert len(await snapshot_rows(backend_urls.postgres_dsn or "", sid)) == 1

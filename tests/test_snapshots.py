@@ -15,7 +15,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from memento_sessions.backends import Postgres
-from memento_sessions.checkpoints.snapshots import Snapshots, partition_name
+from memento_sessions.checkpoints.snapshots import (
+    CREATE_MIGRATIONS_TABLE,
+    MIGRATIONS,
+    Snapshots,
+    _apply,
+    partition_ddl,
+    partition_name,
+)
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
@@ -132,8 +139,57 @@ async def test_migration_is_safe_when_daemons_start_together(postgres: Postgres,
         for snapshots in daemons:
             await snapshots.postgres.close()
         await pool.execute(f'DROP DATABASE "{database}"')
-    assert [row["version"] for row in versions] == [1]
+    assert sorted(row["version"] for row in versions) == [1, 2]
     assert partitions[0][0] == 2  # today and tomorrow
+
+
+async def test_version_1_tables_are_migrated_in_place(postgres: Postgres, backend_urls: Endpoints) -> None:
+    """A database written by the first schema keeps its rows; ids become unique per namespace."""
+    database = f"t_{uuid.uuid4().hex[:12]}"
+    pool = await postgres.pool()
+    await pool.execute(f'CREATE DATABASE "{database}"')
+    assert backend_urls.postgres_dsn is not None
+    dsn = backend_urls.postgres_dsn.rsplit("/", 1)[0] + "/" + database
+    old = Postgres(dsn)
+    try:
+        old_pool = await old.pool()
+        async with old_pool.acquire() as conn:
+            await conn.execute(CREATE_MIGRATIONS_TABLE)
+            await _apply(conn, 1, MIGRATIONS[0][1])
+            await conn.execute(partition_ddl(NOW.date()))
+            await conn.execute("INSERT INTO snapshot_ids (checkpoint_id, snapshot_at) VALUES ('cp-s-1-2', $1)", NOW)
+            await conn.execute("INSERT INTO session_snapshots (id, session_id, checkpoint_id, namespace, outcome, "
+                               "events, snapshot_at) SELECT id, 's-1', 'cp-s-1-2', 'ns-a', 'broken', $1::jsonb, $2 "
+                               "FROM snapshot_ids", json.dumps(EVENTS), NOW)
+        store = Snapshots(old)
+        await store.migrate()
+        kept = await store.latest_snapshot("ns-a", "s-1")
+        assert kept is not None
+        assert (kept.checkpoint_id, kept.events, kept.epoch, kept.from_seq, kept.to_seq) == \
+            ("cp-s-1-2", EVENTS, "", 0, 2)
+        # The same checkpoint id in another namespace is another snapshot now.
+        theirs = await store.store_snapshot("ns-b", "s-1", "cp-s-1-2", "broken", EVENTS[1:], from_seq=1)
+        assert theirs != kept.id and await store.store_snapshot("ns-a", "s-1", "cp-s-1-2", "broken", []) == kept.id
+        versions = await fetch(old, "SELECT version FROM memento_schema_migrations ORDER BY version")
+        assert [row["version"] for row in versions] == [1, 2]
+    finally:
+        await old.close()
+        await pool.execute(f'DROP DATABASE "{database}"')
+
+
+async def test_a_session_s_rows_read_back_as_every_event_once(store: Snapshots, namespace: str) -> None:
+    """Rows of the newest epoch only, joined in seq order; a seq two rows hold (a re-run) appears once."""
+    events = [{"seq": seq, "type": "modified"} for seq in range(1, 8)]
+    await store.store_snapshot(namespace, "s-1", checkpoint(), "broken", events[:3], NOW - timedelta(hours=3),
+                               epoch="old")
+    await store.store_snapshot(namespace, "s-1", checkpoint(), "broken", events[4:], NOW, epoch="new", from_seq=4)
+    await store.store_snapshot(namespace, "s-1", checkpoint(), "broken", events[:5], NOW - timedelta(hours=1),
+                               epoch="new")
+    latest = await store.latest_snapshot(namespace, "s-1")
+    assert latest is not None
+    assert (latest.epoch, latest.from_seq, latest.to_seq, latest.events) == ("new", 0, 7, events)
+    rows = await store.epoch_snapshots(namespace, "s-1", "old")
+    assert [(row.from_seq, row.to_seq, len(row.events)) for row in rows] == [(0, 3, 3)]
 
 
 def retry_count() -> float:

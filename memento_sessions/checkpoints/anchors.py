@@ -12,6 +12,7 @@ from typing import Any
 
 from memento_sessions.checkpoints.aggregate import Summary
 from memento_sessions.kg.graph import Graph
+from memento_sessions.metrics import KG_STUBS_PRUNED
 
 PRUNE_BATCH = 1000
 
@@ -49,6 +50,18 @@ RETURN count(a)
 """
 
 
+# A stub is a bare entity a checkpoint named before the KG knew it. Once no anchor points at it (and
+# nothing else links it: an edge loaded by kg.upsert keeps its stub ends) it is removed.
+PRUNE_STUBS = """
+MATCH (e:CodebaseEntity) WHERE e.stub = true
+WITH e, size([(e)-[]-(x) | x]) AS links
+WHERE links = 0
+WITH e LIMIT $batch
+DELETE e
+RETURN count(e)
+"""
+
+
 def epoch_ms(moment: datetime) -> int:
     """Anchor timestamps are UTC epoch milliseconds: ordered, range-indexed, language-neutral."""
     return int(moment.timestamp() * 1000)
@@ -79,11 +92,30 @@ async def write_anchor(graph: Graph, checkpoint_id: str, session_id: str, summar
 
 
 async def prune_anchors(graph: Graph, older_than: timedelta, now: datetime | None = None) -> int:
-    """Delete anchors older than `older_than`, in batches so no one query holds the graph long."""
+    """Delete anchors older than `older_than`, then the stubs only they pointed at; anchors removed."""
+    anchors, _ = await prune_graph(graph, older_than, now)
+    return anchors
+
+
+async def prune_graph(graph: Graph, older_than: timedelta, now: datetime | None = None) -> tuple[int, int]:
+    """Delete anchors older than `older_than`, then every stub no anchor points at; (anchors, stubs) removed."""
     cutoff = epoch_ms((now or datetime.now(UTC)) - older_than)
+    anchors = await _in_batches(graph, PRUNE_ANCHORS, {"cutoff": cutoff})
+    return anchors, await prune_stubs(graph)
+
+
+async def prune_stubs(graph: Graph) -> int:
+    """Delete stub entities no anchor (and nothing else) links; how many."""
+    removed = await _in_batches(graph, PRUNE_STUBS, {})
+    KG_STUBS_PRUNED.inc(removed)
+    return removed
+
+
+async def _in_batches(graph: Graph, query: str, params: dict[str, Any]) -> int:
+    """Run a deleting query PRUNE_BATCH at a time, so no one query holds the graph long; rows deleted."""
     removed = 0
     while True:
-        result = await graph.query(PRUNE_ANCHORS, {"cutoff": cutoff, "batch": PRUNE_BATCH})
+        result = await graph.query(query, {**params, "batch": PRUNE_BATCH})
         deleted = int(result.result_set[0][0])
         removed += deleted
         if deleted < PRUNE_BATCH:

@@ -2,9 +2,12 @@
 
 Triggers (SPEC section 5): every MEMENTO_CHECKPOINT_EVERY events and every `checkpoint` event
 (queued, done in the background), `session.checkpoint` and completion (done at once). A checkpoint's
-id is derived from its session and last seq, so two daemons that checkpoint the same window write
-the same anchor and the same snapshot row; a Redis lock per session keeps them from doing the work
-twice. A snapshot that Postgres cannot take now is retried with backoff in the background.
+id is derived from its namespace, the session's epoch, the session and its last seq, so two daemons
+that checkpoint the same window write the same anchor and the same snapshot row, and a session
+re-created under its id never reuses an old one; a Redis lock per session keeps them from doing the
+work twice. A broken checkpoint's snapshot holds only the events after the previous snapshot of the
+epoch; it is written to Redis before its anchor names it and stays there until Postgres took it
+(checkpoints/pending.py), so neither an outage nor a restart loses it.
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE, Backends
 from memento_sessions.checkpoints.aggregate import Summary, aggregate
 from memento_sessions.checkpoints.anchors import write_anchor
+from memento_sessions.checkpoints.pending import Pending, PendingSnapshots
 from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
 from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
-from memento_sessions.metrics import CHECKPOINTS, KG_ANCHORS_WRITTEN
+from memento_sessions.metrics import CHECKPOINTS, KG_ANCHORS_WRITTEN, SNAPSHOTS_DEFERRED
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import Emitted, SessionManager, now_ms
 from memento_sessions.settings import Settings
@@ -39,11 +43,24 @@ WORKERS = 4
 LOCK_TTL = 30.0
 DRAIN_SECONDS = 5.0
 SNAPSHOT_TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT, TimeoutError)
+FLUSH_EVERY = 5.0  # seconds between passes over the pending snapshots
+FLUSH_MAX_DELAY = 10.0  # the longest pause while Postgres is down
 
 
-def checkpoint_id(session_id: str, seq: int, final: bool) -> str:
-    """Deterministic per window: the same window gives the same id on every daemon."""
-    return f"cp-{session_id}-{seq}{'-final' if final else ''}"
+def checkpoint_id(namespace: str, epoch: str, session_id: str, seq: int, final: bool) -> str:
+    """Deterministic per window: the same window gives the same id on every daemon.
+
+    `/` occurs in no namespace, epoch or session id, so no two windows anywhere share an id.
+    """
+    return f"cp/{namespace}/{epoch}/{session_id}/{seq}{'/final' if final else ''}"
+
+
+def snapshot_from(last: dict[str, Any]) -> int:
+    """The seq up to which earlier snapshots of the session's epoch hold its events."""
+    if "snapshotSeq" in last:
+        return int(last["snapshotSeq"])
+    # A checkpoint recorded before snapshots were split stored every event when it was broken.
+    return int(last.get("seq", 0)) if last.get("outcome") == "broken" else 0
 
 
 @contextmanager
@@ -69,6 +86,7 @@ class Checkpointer:
         self.settings, self.backends, self.manager = settings, backends, manager
         self.graphs = Graphs(backends)
         self.snapshots = Snapshots(backends.postgres)
+        self.pending = PendingSnapshots(backends.redis, settings.snapshot_max_age_days * 86_400)
         send, receive = anyio.create_memory_object_stream[tuple[str, str]](QUEUE_SIZE)
         self._send: MemoryObjectSendStream[tuple[str, str]] = send
         self._receive: MemoryObjectReceiveStream[tuple[str, str]] = receive
@@ -85,6 +103,7 @@ class Checkpointer:
                 tg.start_soon(self._worker)
             if self.backends.postgres.enabled:
                 await self._migrate_at_start()
+                tg.start_soon(self._flush_forever)
             task_status.started()
 
     async def _migrate_at_start(self) -> None:
@@ -106,6 +125,18 @@ class Checkpointer:
                 return
             except SNAPSHOT_TRANSIENT:
                 delay = min(delay * 2, 30.0)
+
+    async def _flush_forever(self) -> None:
+        """Store the snapshots left in Redis (by this daemon or one that stopped), now and every FLUSH_EVERY."""
+        delay = FLUSH_EVERY
+        while True:
+            try:
+                await self.pending.flush(self.snapshots)
+                delay = FLUSH_EVERY
+            except (*SNAPSHOT_TRANSIENT, *UNAVAILABLE) as exc:
+                delay = min(delay * 2, FLUSH_MAX_DELAY)
+                log.warning("pending failure snapshots not flushed yet", retry_in=delay, error=repr(exc))
+            await anyio.sleep(delay)
 
     def on_emitted(self, namespace: str, session_id: str, done: Sequence[Emitted]) -> None:
         """Queue a checkpoint when an emit crossed a multiple of N or carried a `checkpoint` event."""
@@ -152,52 +183,52 @@ class Checkpointer:
         last = session["lastCheckpoint"] or {}
         if session["state"] == "completed" or (not final and last.get("seq") == session["seq"]):
             return {**last.get("result", {}), "checkpointId": last.get("id")}
-        _, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
+        # One read for the view and the window, so the window ends exactly at the view's seq.
+        session, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
         events = [pydantic_core.from_json(member) for member in members]
         summary = aggregate(events, session["state"])
-        cp_id = checkpoint_id(session_id, session["seq"], final)
+        cp_id = checkpoint_id(namespace, session["epoch"], session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
-        broken = summary.outcome == "broken"
+        snapshot = None
+        if summary.outcome == "broken" and self.backends.postgres.enabled:
+            snapshot = await self._new_snapshot(namespace, session, last, cp_id, events)
+            await self.pending.put(snapshot)  # before the anchor names it: it will exist whatever happens next
         with unwrap_group():
             async with anyio.create_task_group() as tg:  # the graph and Postgres writes are independent
-                tg.start_soon(self._anchor, namespace, session_id, cp_id, summary, broken)
-                if broken:
-                    result.update(await self._snapshot(namespace, session_id, cp_id, events if not last else None))
-        await self._mark(namespace, session_id, cp_id, session["seq"], result, final)
+                tg.start_soon(self._anchor, namespace, session_id, cp_id, summary, snapshot is not None)
+                if snapshot is not None:
+                    result.update(await self._store(snapshot))
+        upto = session["seq"] if snapshot is not None else snapshot_from(last)
+        await self._mark(namespace, session_id, cp_id, session["seq"], result, final, upto)
         CHECKPOINTS.labels(summary.outcome).inc()
         log.info("checkpoint", session_id=session_id, checkpoint_id=cp_id, outcome=summary.outcome,
                  ms=round((time.perf_counter() - started) * 1000, 2))
         return result
 
-    async def _snapshot(self, namespace: str, session_id: str, cp_id: str,
-                        events: list[dict[str, Any]] | None) -> dict[str, Any]:
-        """Store every event of the session (`events` when the window is all of them); retry later if need be."""
-        if not self.backends.postgres.enabled:
-            return {}
-        if events is None:
-            _, members = await self.manager.read(namespace, session_id)
+    async def _new_snapshot(self, namespace: str, session: dict[str, Any], last: dict[str, Any], cp_id: str,
+                            window: list[dict[str, Any]]) -> Pending:
+        """The snapshot of a broken checkpoint: the events no earlier snapshot of this epoch holds."""
+        seq, after = int(session["seq"]), snapshot_from(last)
+        events = window
+        if after != int(last.get("seq", 0)):  # the window starts later than the unsnapshotted events
+            _, members = await self.manager.read(namespace, session["sessionId"], after)
             events = [pydantic_core.from_json(member) for member in members]
+        events = [event for event in events if int(event["seq"]) <= seq]
+        return Pending(namespace, session["sessionId"], cp_id, session["epoch"], after, seq, "broken", events,
+                       datetime.now(UTC))
+
+    async def _store(self, snapshot: Pending) -> dict[str, Any]:
+        """Store the snapshot now if Postgres answers in time; otherwise it waits in Redis for the flusher."""
         try:
             with anyio.fail_after(2.0):
-                snapshot_id = await self.snapshots.store_snapshot(namespace, session_id, cp_id, "broken", events)
+                snapshot_id = await snapshot.store(self.snapshots)
         except SNAPSHOT_TRANSIENT as exc:
-            log.warning("failure snapshot deferred; retrying in the background", checkpoint_id=cp_id,
-                        error=repr(exc))
-            self._spawn_retry(namespace, session_id, cp_id, events)
+            SNAPSHOTS_DEFERRED.inc()
+            log.warning("failure snapshot deferred; kept in Redis until Postgres takes it",
+                        checkpoint_id=snapshot.checkpoint_id, error=repr(exc))
             return {"snapshotPending": True}
+        await self.pending.done(snapshot)
         return {"snapshotId": snapshot_id}
-
-    def _spawn_retry(self, namespace: str, session_id: str, cp_id: str, events: list[dict[str, Any]]) -> None:
-        async def retry() -> None:
-            self.in_flight += 1
-            try:
-                await self.snapshots.retry_store(namespace, session_id, cp_id, "broken", events)
-                log.info("deferred failure snapshot stored", checkpoint_id=cp_id)
-            finally:
-                self.in_flight -= 1
-
-        if self._tg is not None:
-            self._tg.start_soon(retry)
 
     async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary, broken: bool) -> None:
         graph = await self.graphs.get(namespace)
@@ -215,9 +246,10 @@ class Checkpointer:
                 await anyio.sleep(0.05 * 2**attempt)
 
     async def _mark(self, namespace: str, session_id: str, cp_id: str, seq: int, result: dict[str, Any],
-                    final: bool) -> None:
+                    final: bool, snapshot_seq: int) -> None:
         """Record the checkpoint on the session (completing it when final) and notify subscribers."""
-        record = {"id": cp_id, "seq": seq, "outcome": result["outcome"], "at": now_ms(), "result": result}
+        record = {"id": cp_id, "seq": seq, "outcome": result["outcome"], "at": now_ms(), "result": result,
+                  "snapshotSeq": snapshot_seq}
         note = {"sessionId": session_id, "checkpointId": cp_id, "outcome": result["outcome"]}
         announce = {"type": "completed" if final else "checkpoint", **note}
         await self.manager.store.call(

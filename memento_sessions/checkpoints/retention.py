@@ -1,4 +1,5 @@
-"""Retention: old anchors pruned, old snapshot partitions dropped; hourly, by the daemon holding a lease.
+"""Retention: old anchors and orphan stub entities pruned, old snapshot partitions dropped; hourly, by the
+daemon holding a lease.
 
 The lease is a Redis key set with NX and PX and renewed by its holder; if the holder dies, the key
 expires and another daemon takes over within one lease time.
@@ -19,7 +20,7 @@ from anyio.abc import TaskStatus
 
 from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE, Backends
-from memento_sessions.checkpoints.anchors import prune_anchors
+from memento_sessions.checkpoints.anchors import prune_graph
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.kg.graph import namespaces as graph_namespaces
@@ -51,11 +52,16 @@ class PruneReport:
     """What one retention run removed."""
 
     anchors: dict[str, int] = field(default_factory=dict)
+    stubs: dict[str, int] = field(default_factory=dict)
     partitions: list[str] = field(default_factory=list)
 
     @property
     def anchors_removed(self) -> int:
         return sum(self.anchors.values())
+
+    @property
+    def stubs_removed(self) -> int:
+        return sum(self.stubs.values())
 
 
 async def prune(backends: Backends, namespaces: Iterable[str] | None, settings: Settings,
@@ -66,7 +72,8 @@ async def prune(backends: Backends, namespaces: Iterable[str] | None, settings: 
     graphs = Graphs(backends)
     for namespace in names:
         graph = await graphs.get(namespace)
-        report.anchors[namespace] = await prune_anchors(graph, timedelta(days=settings.anchor_max_age_days))
+        pruned = await prune_graph(graph, timedelta(days=settings.anchor_max_age_days))
+        report.anchors[namespace], report.stubs[namespace] = pruned
     if backends.postgres.enabled:
         store = snapshots or Snapshots(backends.postgres)
         report.partitions = await store.drop_old_partitions(settings.snapshot_max_age_days)

@@ -1,8 +1,10 @@
-"""Failure snapshots in Postgres: `session_snapshots`, partitioned by day, idempotent on checkpoint_id.
+"""Failure snapshots in Postgres: `session_snapshots`, partitioned by day, idempotent per (namespace, checkpoint_id).
 
-Postgres cannot enforce UNIQUE (checkpoint_id) on a table partitioned by snapshot_at (a unique
+Postgres cannot enforce UNIQUE (namespace, checkpoint_id) on a table partitioned by snapshot_at (a unique
 constraint there must include the partition key), so the small unpartitioned `snapshot_ids` table
-holds the uniqueness and hands out the ids; see docs/checkpoints.md.
+holds the uniqueness and hands out the ids. Each row holds only the events no earlier snapshot of its
+session and epoch holds (`from_seq` < seq <= `to_seq`); `latest_snapshot` joins a session's rows back
+into every event once. See docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
@@ -61,6 +63,26 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
         ) PARTITION BY RANGE (snapshot_at)""",
         "CREATE INDEX session_snapshots_session ON session_snapshots (namespace, session_id, snapshot_at DESC)",
     )),
+    # 2: ids unique per namespace (a tenant cannot pre-empt another's), and rows that hold a seq range
+    # of one epoch. Rows written by version 1 held every event of their session: from_seq 0, to_seq their
+    # last seq, epoch '' (unknown); readers drop the seqs such rows repeat.
+    (2, (
+        "ALTER TABLE snapshot_ids ADD COLUMN namespace text",
+        "UPDATE snapshot_ids i SET namespace = s.namespace FROM session_snapshots s WHERE s.id = i.id",
+        "UPDATE snapshot_ids SET namespace = '' WHERE namespace IS NULL",
+        "ALTER TABLE snapshot_ids ALTER COLUMN namespace SET NOT NULL",
+        "ALTER TABLE snapshot_ids DROP CONSTRAINT snapshot_ids_pkey",
+        "ALTER TABLE snapshot_ids ADD PRIMARY KEY (namespace, checkpoint_id)",
+        "ALTER TABLE session_snapshots ADD COLUMN epoch text NOT NULL DEFAULT ''",
+        "ALTER TABLE session_snapshots ADD COLUMN from_seq bigint NOT NULL DEFAULT 0",
+        "ALTER TABLE session_snapshots ADD COLUMN to_seq bigint NOT NULL DEFAULT 0",
+        """UPDATE session_snapshots SET to_seq = COALESCE((
+            SELECT max((e->>'seq')::bigint) FROM jsonb_array_elements(events) e
+            WHERE jsonb_typeof(e->'seq') = 'number'), 0)""",
+        "ALTER TABLE session_snapshots DROP CONSTRAINT IF EXISTS session_snapshots_checkpoint_id_snapshot_at_key",
+        "ALTER TABLE session_snapshots ADD UNIQUE (namespace, checkpoint_id, snapshot_at)",
+        "CREATE INDEX session_snapshots_epoch ON session_snapshots (namespace, session_id, epoch, from_seq)",
+    )),
 )
 
 # Partition names and bounds come from a `date`, never from input: DDL takes no parameters.
@@ -75,21 +97,26 @@ WHERE i.inhparent = 'session_snapshots'::regclass"""
 FORGET_IDS = "DELETE FROM snapshot_ids WHERE snapshot_at < $1"
 
 CLAIM_ID = """
-INSERT INTO snapshot_ids (checkpoint_id, snapshot_at) VALUES ($1, $2)
-ON CONFLICT (checkpoint_id) DO NOTHING RETURNING id"""
-EXISTING_ID = "SELECT id FROM snapshot_ids WHERE checkpoint_id = $1"
+INSERT INTO snapshot_ids (namespace, checkpoint_id, snapshot_at) VALUES ($1, $2, $3)
+ON CONFLICT (namespace, checkpoint_id) DO NOTHING RETURNING id"""
+EXISTING_ID = "SELECT id FROM snapshot_ids WHERE namespace = $1 AND checkpoint_id = $2"
 INSERT_SNAPSHOT = """
-INSERT INTO session_snapshots (id, session_id, checkpoint_id, namespace, outcome, events, snapshot_at)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7)"""
-LATEST_SNAPSHOT = """
-SELECT id, session_id, checkpoint_id, namespace, outcome, events::text AS events, snapshot_at
-FROM session_snapshots WHERE namespace = $1 AND session_id = $2
+INSERT INTO session_snapshots (id, session_id, checkpoint_id, namespace, outcome, events, snapshot_at, epoch,
+                               from_seq, to_seq)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10)"""
+COLUMNS = ("id, session_id, checkpoint_id, namespace, outcome, events::text AS events, snapshot_at, epoch, "
+           "from_seq, to_seq")
+LATEST_EPOCH = """
+SELECT epoch FROM session_snapshots WHERE namespace = $1 AND session_id = $2
 ORDER BY snapshot_at DESC, id DESC LIMIT 1"""
+EPOCH_SNAPSHOTS = f"""
+SELECT {COLUMNS} FROM session_snapshots WHERE namespace = $1 AND session_id = $2 AND epoch = $3
+ORDER BY from_seq, to_seq, id"""
 
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A stored failure snapshot: every event of the session at a broken checkpoint."""
+    """A stored failure snapshot: the events `from_seq` < seq <= `to_seq` of one session epoch."""
 
     id: int
     session_id: str
@@ -98,6 +125,9 @@ class Snapshot:
     outcome: str
     events: list[dict[str, Any]]
     snapshot_at: datetime
+    epoch: str = ""
+    from_seq: int = 0
+    to_seq: int = 0
 
 
 def partition_name(day: date) -> str:
@@ -141,28 +171,34 @@ class Snapshots:
             await conn.execute(partition_ddl(day))
 
     async def store_snapshot(self, namespace: str, session_id: str, checkpoint_id: str, outcome: str,
-                             events: list[dict[str, Any]], snapshot_at: datetime | None = None) -> int:
-        """Store a snapshot once per checkpoint_id; returns its id (the same id when run again)."""
+                             events: list[dict[str, Any]], snapshot_at: datetime | None = None, *,
+                             epoch: str = "", from_seq: int = 0, to_seq: int | None = None) -> int:
+        """Store a snapshot once per (namespace, checkpoint_id); returns its id (the same id when run again).
+
+        `events` are the session's events after `from_seq` up to `to_seq` (default: their last seq).
+        """
         await self.migrate()
         at = snapshot_at or datetime.now(UTC)
-        args = (session_id, checkpoint_id, namespace, outcome, json.dumps(events), at)
+        last = to_seq if to_seq is not None else max((_seq(event) for event in events), default=from_seq)
+        row = (session_id, checkpoint_id, namespace, outcome, json.dumps(events), at, epoch, from_seq, last)
         try:
-            return await self._insert(*args)
+            return await self._insert(*row)
         except asyncpg.CheckViolationError as exc:
             if "no partition" not in str(exc):
                 raise
         await self.create_partition(at.astimezone(UTC).date())
-        return await self._insert(*args)
+        return await self._insert(*row)
 
     async def _insert(self, session_id: str, checkpoint_id: str, namespace: str, outcome: str,
-                      events: str, at: datetime) -> int:
+                      events: str, at: datetime, epoch: str, from_seq: int, to_seq: int) -> int:
         pool = await self.postgres.pool()
         async with pool.acquire() as conn, conn.transaction():
-            new_id: int | None = await conn.fetchval(CLAIM_ID, checkpoint_id, at)
+            new_id: int | None = await conn.fetchval(CLAIM_ID, namespace, checkpoint_id, at)
             if new_id is None:
-                existing: int = await conn.fetchval(EXISTING_ID, checkpoint_id)
+                existing: int = await conn.fetchval(EXISTING_ID, namespace, checkpoint_id)
                 return existing
-            await conn.execute(INSERT_SNAPSHOT, new_id, session_id, checkpoint_id, namespace, outcome, events, at)
+            await conn.execute(INSERT_SNAPSHOT, new_id, session_id, checkpoint_id, namespace, outcome, events, at,
+                               epoch, from_seq, to_seq)
         FAILURE_SNAPSHOTS.inc()  # counted here, where a stored row is known to be new, not on a re-run
         return new_id
 
@@ -200,14 +236,41 @@ class Snapshots:
         return old
 
     async def latest_snapshot(self, namespace: str, session_id: str) -> Snapshot | None:
-        """The newest snapshot of a session (the bridge's fallback once Redis forgot it)."""
+        """The session's newest epoch as one snapshot: every event its rows hold, once each, in seq order
+        (the bridge's fallback once Redis forgot the session); outcome and id are the newest row's."""
+        rows = await self.epoch_snapshots(namespace, session_id)
+        if not rows:
+            return None
+        newest = max(rows, key=lambda row: (row.snapshot_at, row.id))
+        return replace(newest, events=join_events(rows), from_seq=min(row.from_seq for row in rows),
+                       to_seq=max(row.to_seq for row in rows))
+
+    async def epoch_snapshots(self, namespace: str, session_id: str, epoch: str | None = None) -> list[Snapshot]:
+        """The rows of one epoch of a session (default: its newest), in seq order."""
         await self.migrate()
         pool = await self.postgres.pool()
-        row = await pool.fetchrow(LATEST_SNAPSHOT, namespace, session_id)
-        if row is None:
-            return None
-        return Snapshot(row["id"], row["session_id"], row["checkpoint_id"], row["namespace"], row["outcome"],
-                        json.loads(row["events"]), row["snapshot_at"])
+        if epoch is None:
+            epoch = await pool.fetchval(LATEST_EPOCH, namespace, session_id)
+            if epoch is None:
+                return []
+        rows = await pool.fetch(EPOCH_SNAPSHOTS, namespace, session_id, epoch)
+        return [Snapshot(row["id"], row["session_id"], row["checkpoint_id"], row["namespace"], row["outcome"],
+                         json.loads(row["events"]), row["snapshot_at"], row["epoch"], row["from_seq"],
+                         row["to_seq"]) for row in rows]
+
+
+def join_events(rows: list[Snapshot]) -> list[dict[str, Any]]:
+    """The events of `rows`, each seq once, in seq order (a row stored again after a crash may repeat some)."""
+    by_seq: dict[int, dict[str, Any]] = {}
+    for row in rows:
+        for event in row.events:
+            by_seq.setdefault(_seq(event), event)
+    return [by_seq[seq] for seq in sorted(by_seq)]
+
+
+def _seq(event: dict[str, Any]) -> int:
+    value = event.get("seq")
+    return value if isinstance(value, int) else 0  # the server sets every stored event's seq
 
 
 async def _apply(conn: PoolConnectionProxy[asyncpg.Record], version: int, statements: tuple[str, ...]) -> None:

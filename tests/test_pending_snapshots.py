@@ -1,0 +1,163 @@
+"""Failure snapshots per (namespace, epoch, checkpoint), linear in a session's events, and kept in Redis
+while Postgres cannot take them, across a daemon restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+from falkordb.asyncio import FalkorDB
+from prometheus_client import REGISTRY
+
+from memento_sessions import keys
+from memento_sessions.backends import Postgres
+from memento_sessions.checkpoints.snapshots import Snapshots
+from memento_sessions.daemon import Daemon, running
+from memento_sessions.embedded.postgres import EmbeddedPostgres
+from memento_sessions.embedded.process import free_port
+from memento_sessions.endpoints import Endpoints
+from tests.conftest import make_settings, token
+from tests.rpcsocket import rpc
+
+pytestmark = pytest.mark.anyio
+
+
+async def rows_of(dsn: str, namespace: str, session_id: str) -> list[dict[str, Any]]:
+    """The session's snapshot rows in seq order, with the seqs each holds."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT checkpoint_id, epoch, from_seq, to_seq, events::text AS events "
+                                "FROM session_snapshots WHERE namespace = $1 AND session_id = $2 "
+                                "ORDER BY from_seq, id", namespace, session_id)
+    finally:
+        await conn.close()
+    return [{"checkpointId": row["checkpoint_id"], "epoch": row["epoch"], "range": (row["from_seq"], row["to_seq"]),
+             "seqs": [event["seq"] for event in json.loads(row["events"])]} for row in rows]
+
+
+async def anchor_refs(redis_url: str, namespace: str, entity: str) -> list[tuple[str, str]]:
+    db = FalkorDB.from_url(redis_url)
+    result = await db.select_graph(f"memento_{namespace}").query(
+        "MATCH (a:SessionAnchor)-[:ANCHORS]->(:CodebaseEntity {id: $id}) RETURN a.checkpointId, a.externalRef "
+        "ORDER BY a.timestamp", {"id": entity})
+    await db.connection.aclose()
+    return [(row[0], row[1]) for row in result.result_set]
+
+
+async def test_two_namespaces_with_a_broken_build_1_each_get_their_own_snapshot(
+        daemon: Daemon, namespace: str, backend_urls: Endpoints) -> None:
+    dsn, other = backend_urls.postgres_dsn or "", namespace + "b"
+    results = {}
+    for ns in (namespace, other):
+        async with rpc(daemon.port, token("alice", ns)) as a:
+            made = await a.call("session.create", {"sessionId": "build-1", "entityIds": ["fn:build"]})
+            await a.call("event.emit", {"sessionId": "build-1", "event": {"type": "broke", "data": {"ns": ns}}})
+            results[ns] = (made["epoch"], await a.call("session.checkpoint", {"sessionId": "build-1"}))
+    for ns, (epoch, result) in results.items():
+        assert result["checkpointId"] == f"cp/{ns}/{epoch}/build-1/2"
+        assert isinstance(result["snapshotId"], int) and "snapshotPending" not in result
+        rows = await rows_of(dsn, ns, "build-1")
+        assert [(r["checkpointId"], r["epoch"], r["range"], r["seqs"]) for r in rows] == \
+            [(result["checkpointId"], epoch, (0, 2), [1, 2])]
+    assert results[namespace][1]["snapshotId"] != results[other][1]["snapshotId"]
+    latest = await Snapshots(Postgres(dsn)).latest_snapshot(other, "build-1")
+    assert latest is not None and latest.events[1]["data"] == {"ns": other}
+
+
+async def test_automatic_broken_checkpoints_store_each_event_once(backend_urls: Endpoints, tmp_path: Path,
+                                                                  namespace: str) -> None:
+    dsn = backend_urls.postgres_dsn or ""
+    async with running(make_settings(backend_urls, tmp_path, checkpoint_every=5)) as daemon, \
+            rpc(daemon.port, token("alice", namespace)) as a:
+        sid = (await a.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await a.call("session.subscribe", {"sessionId": sid})
+        await a.call("event.emit", {"sessionId": sid, "event": {"type": "broke"}})
+        for _ in range(4):  # 18 more events: automatic checkpoints at 5, 10, 15 and 20, all broken
+            await a.call("event.emitBatch", {"sessionId": sid, "events": [
+                {"type": "modified", "changeInfo": {"entityIds": ["fn:a"]}}] * (5 if _ else 3)})
+            await a.notification("session.checkpoint")
+        await a.call("event.emit", {"sessionId": sid, "event": {"type": "test_pass"}})
+        working = await a.call("session.checkpoint", {"sessionId": sid})  # 21: working, no snapshot
+        await a.call("event.emitBatch", {"sessionId": sid, "events": [{"type": "modified"}, {"type": "broke"}]})
+        final = await a.call("session.checkpoint", {"sessionId": sid, "final": True})  # 23, broken
+        again = await a.call("session.checkpoint", {"sessionId": sid, "final": True})
+    assert working["outcome"] == "working" and "snapshotId" not in working
+    assert final["outcome"] == "broken" and again == {**final, "checkpointId": final["checkpointId"]}
+    rows = await rows_of(dsn, namespace, sid)
+    assert [r["range"] for r in rows] == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 23)]
+    assert [seq for r in rows for seq in r["seqs"]] == list(range(1, 24))  # every event once, in order
+    latest = await Snapshots(Postgres(dsn)).latest_snapshot(namespace, sid)
+    assert latest is not None and [e["seq"] for e in latest.events] == list(range(1, 24))
+    assert latest.checkpoint_id == final["checkpointId"]
+
+
+async def test_a_recreated_session_never_reuses_an_old_anchor_or_snapshot(daemon: Daemon, namespace: str,
+                                                                         backend_urls: Endpoints) -> None:
+    made, done = [], []
+    r = aioredis.Redis.from_url(backend_urls.redis_url)
+    async with rpc(daemon.port, token("alice", namespace)) as a:
+        for life in range(2):
+            made.append(await a.call("session.create", {"sessionId": "build-1", "entityIds": ["fn:x"]}))
+            await a.call("event.emit", {"sessionId": "build-1", "event": {"type": "broke", "data": {"life": life}}})
+            done.append(await a.call("session.checkpoint", {"sessionId": "build-1"}))
+            await r.delete(*keys.session_keys(namespace, "build-1").all())  # as if it expired
+    await r.aclose()
+    assert made[0]["epoch"] != made[1]["epoch"]
+    assert done[0]["checkpointId"] != done[1]["checkpointId"]
+    assert done[0]["snapshotId"] != done[1]["snapshotId"]
+    assert [ref[0] for ref in await anchor_refs(backend_urls.redis_url, namespace, "fn:x")] == \
+        [done[0]["checkpointId"], done[1]["checkpointId"]]
+    rows = await rows_of(backend_urls.postgres_dsn or "", namespace, "build-1")
+    assert sorted((r["epoch"], r["seqs"]) for r in rows) == sorted((m["epoch"], [1, 2]) for m in made)
+    latest = await Snapshots(Postgres(backend_urls.postgres_dsn)).latest_snapshot(namespace, "build-1")
+    assert latest is not None and latest.epoch == made[1]["epoch"] and latest.events[1]["data"] == {"life": 1}
+
+
+def deferred() -> float:
+    return REGISTRY.get_sample_value("memento_snapshots_deferred_total") or 0.0
+
+
+@pytest.mark.slow
+async def test_a_snapshot_postgres_cannot_take_waits_in_redis_and_a_new_daemon_stores_it(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    postgres = EmbeddedPostgres(tmp_path / "pg", free_port())
+    await anyio.to_thread.run_sync(postgres.start)
+    settings = make_settings(backend_urls, tmp_path / "d", postgres_dsn=postgres.url)
+    r = aioredis.Redis.from_url(backend_urls.redis_url, decode_responses=True)
+    pending_key = keys.pending_snapshots(namespace, "build-1")
+    try:
+        before = deferred()
+        async with running(settings) as first, rpc(first.port, token("a", namespace)) as a:
+            await a.call("session.create", {"sessionId": "build-1", "entityIds": ["fn:pg"]})
+            await a.call("event.emitBatch", {"sessionId": "build-1", "events": [{"type": "broke"}, {"type": "x"}]})
+            await anyio.to_thread.run_sync(postgres.stop)
+            result = await a.call("session.checkpoint", {"sessionId": "build-1"})
+            assert result["outcome"] == "broken" and result["snapshotPending"] is True
+        assert deferred() == before + 1
+        # The first daemon is gone; the snapshot is in Redis, under the session's hash tag, with a TTL.
+        held = json.loads(await r.hget(pending_key, result["checkpointId"]) or "{}")
+        assert (held["from_seq"], held["to_seq"], [e["seq"] for e in held["events"]]) == (0, 3, [1, 2, 3])
+        assert 0 < await r.ttl(pending_key) <= settings.snapshot_max_age_days * 86_400
+        assert json.dumps([namespace, "build-1"]) in await r.zrange(keys.pending_snapshot_index(), 0, -1)
+        ref = f"session_snapshots/checkpoint_id={result['checkpointId']}"
+        assert await anchor_refs(backend_urls.redis_url, namespace, "fn:pg") == [(result["checkpointId"], ref)]
+        await anyio.to_thread.run_sync(postgres.start)
+        async with running(settings):
+            with anyio.fail_after(20):
+                while not await rows_of(postgres.url, namespace, "build-1"):
+                    await anyio.sleep(0.1)
+            with anyio.fail_after(5):
+                while await r.exists(pending_key):
+                    await anyio.sleep(0.1)
+        rows = await rows_of(postgres.url, namespace, "build-1")
+        assert [(x["checkpointId"], x["range"], x["seqs"]) for x in rows] == [(result["checkpointId"], (0, 3),
+                                                                              [1, 2, 3])]
+        assert json.dumps([namespace, "build-1"]) not in await r.zrange(keys.pending_snapshot_index(), 0, -1)
+    finally:
+        await r.aclose()
+        await anyio.to_thread.run_sync(postgres.stop)
