@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+from prometheus_client import REGISTRY
 
 from memento_sessions.backends import Backends
 from memento_sessions.checkpoints.aggregate import Summary
@@ -16,7 +17,7 @@ from memento_sessions.checkpoints.anchors import epoch_ms, prune_anchors, write_
 from memento_sessions.checkpoints.retention import Lease, prune, run_while_leader
 from memento_sessions.checkpoints.snapshots import Snapshots, partition_name
 from memento_sessions.kg.graph import Graph
-from memento_sessions.kg.loader import NodeRecord, upsert
+from memento_sessions.kg.loader import EdgeRecord, NodeRecord, upsert
 from memento_sessions.settings import Settings
 
 pytestmark = pytest.mark.anyio
@@ -144,6 +145,25 @@ async def test_prune_runs_both_retention_jobs(backends: Backends, graph: Graph, 
     assert report.anchors == {namespace: 1}
     assert partition_name(old_day.date()) in report.partitions
     assert await anchors_of(graph, "e1") == ["cp-new"]
+
+
+async def test_stubs_no_anchor_points_at_are_pruned_with_their_anchors(backends: Backends, graph: Graph,
+                                                                       namespace: str, settings: Settings) -> None:
+    old = NOW - timedelta(days=settings.anchor_max_age_days + 1)
+    await upsert(graph, [NodeRecord(id="fn:loaded", labels=["CodebaseEntity"])],
+                 [EdgeRecord.model_validate({"from": "fn:loaded", "to": "fn:edge-end", "type": "DEFINES"})])
+    await write_anchor(graph, "cp-old", "s-1", summary("fn:gone-1", "fn:gone-2", "fn:loaded", "fn:edge-end",
+                                                        "fn:kept"), old, cap=5)
+    await write_anchor(graph, "cp-new", "s-1", summary("fn:kept"), NOW, cap=5)
+    assert await count(graph, "MATCH (e:CodebaseEntity) WHERE e.stub = true RETURN count(e)") == 4
+    pruned = REGISTRY.get_sample_value("memento_kg_stubs_pruned_total") or 0.0
+    report = await prune(backends, [namespace], settings)
+    assert (report.anchors, report.stubs, report.stubs_removed) == ({namespace: 1}, {namespace: 2}, 2)
+    assert REGISTRY.get_sample_value("memento_kg_stubs_pruned_total") == pruned + 2
+    left = await rows(graph, "MATCH (e:CodebaseEntity) RETURN e.id, e.stub ORDER BY e.id")
+    # the loaded entity, the stub a loaded edge ends at and the stub a live anchor points at remain
+    assert left == [["fn:edge-end", True], ["fn:kept", True], ["fn:loaded", None]]
+    assert (await prune(backends, [namespace], settings)).stubs == {namespace: 0}
 
 
 async def test_prune_without_namespaces_finds_every_namespace_graph(backends: Backends, graph: Graph,
