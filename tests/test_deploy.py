@@ -344,7 +344,8 @@ def test_cluster_values_chart() -> None:
      "redis.cluster.enabled needs falkordb.url"),
     (("--set", "redis.cluster.enabled=true", "--set", "falkordb.url=redis://f:6379"),
      "redis.cluster.enabled needs redis.cluster.nodes"),
-    (("--set", "terminationGracePeriodSeconds=15"), "terminationGracePeriodSeconds (15) must exceed preStopSeconds (5) + 10"),
+    (("--set", "terminationGracePeriodSeconds=15"),
+     "terminationGracePeriodSeconds (15) must exceed preStopSeconds (5) + 10"),
     (("--set", "auth.secret=short"), "auth.secret must be 32 characters or more"),
 ])
 def test_helm_refuses_values_the_daemon_cannot_honour(args: tuple[str, ...], message: str) -> None:
