@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 import asyncpg
@@ -95,10 +94,6 @@ class Registry:
 # socket paths, so the client gets only the backend's name; the details go to the log.
 FAILURES: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable)
 BACKENDS = {"redis": "Redis", "falkordb": "FalkorDB", "postgres": "Postgres"}
-# FalkorDB is reached with a redis-py client, so a dead FalkorDB raises redis-py's errors: what tells it
-# from Redis is the code that made the call.
-GRAPH_MODULES = ("falkordb", "memento_sessions.kg.", "memento_sessions.bridge.graph",
-                 "memento_sessions.checkpoints.anchors")
 
 
 def unavailable(exc: BaseException, call: Call, method: str, request_id: Any) -> BackendUnavailable:
@@ -112,37 +107,22 @@ def unavailable(exc: BaseException, call: Call, method: str, request_id: Any) ->
 
 
 def backend_name(exc: BaseException) -> str:
-    """redis, falkordb or postgres: which backend a failure came from."""
+    """redis, falkordb or postgres: which backend a failure came from.
+
+    A BackendUnavailable names its backend first (`falkordb: ...`). A bare driver error is Postgres's
+    when asyncpg raised it, else Redis's: FalkorDB is reached with a redis-py client, so a FalkorDB call
+    that does not wrap its errors in BackendUnavailable("falkordb: ...") is reported as Redis.
+    """
     if isinstance(exc, BackendUnavailable):
-        named = [name for name in BACKENDS if exc.message.lower().startswith(name)]
-        return named[0] if named else _by_caller(exc)
-    if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError):
-        return "postgres"
-    return _by_caller(exc)
-
-
-def _by_caller(exc: BaseException) -> str:
-    cause = exc.__cause__ or exc
-    if isinstance(cause, asyncpg.PostgresError | asyncpg.InterfaceError):
-        return "postgres"
-    modules = [_module(tb) for tb in _frames(cause.__traceback__) + _frames(exc.__traceback__)]
-    return "falkordb" if any(module.startswith(GRAPH_MODULES) for module in modules) else "redis"
-
-
-def _frames(tb: TracebackType | None) -> list[TracebackType]:
-    frames = []
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
-    return frames
-
-
-def _module(tb: TracebackType) -> str:
-    return str(tb.tb_frame.f_globals.get("__name__", ""))
+        return next((name for name in BACKENDS if exc.message.lower().startswith(name)), "redis")
+    return "postgres" if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError) else "redis"
 
 
 def _cause(exc: BaseException) -> str:
-    return repr(exc.__cause__) if exc.__cause__ is not None else repr(exc)
+    """The driver's own words (`ConnectionError: Error 111 connecting to ...`), for the log only."""
+    cause = exc.__cause__ or exc
+    return f"{type(cause).__name__}: {cause}"
+
 
 
 def validate(model: type[P], raw: Any) -> P:

@@ -7,6 +7,7 @@ client gets for the same call, on the same daemon and the same Redis.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
+from structlog.testing import capture_logs
 
 from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
@@ -156,12 +158,14 @@ async def test_bad_arguments_return_an_error_naming_the_field_and_write_nothing(
     async with connect(token("careless", namespace)) as mcp, rpc(daemon.port, token("watcher", namespace)) as ws:
         sid = (await ws.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
         await ws.call("event.emit", {"sessionId": sid, "event": {"type": "modified"}})
-        # Caught by the tool's input schema (the same pydantic types as the method's params).
+        # Caught by the tool's input schema (the same pydantic types as the method's params), in the same format.
         text = failed(await mcp.call_tool("emit_event", {"sessionId": sid, "event": {"type": "Not A Type"}}))
-        assert "event.type" in text and "String should match pattern" in text
+        assert text == ("Error executing tool emit_event: invalid params (-32602); event.type: String should match "
+                        "pattern '^[a-z][a-z0-9_.:-]{0,63}$'")
         text = failed(await mcp.call_tool("emit_event", {"sessionId": sid,
                                                          "event": {"type": "modified", "colour": "red"}}))
-        assert "event.colour" in text and "Extra inputs are not permitted" in text
+        assert text == ("Error executing tool emit_event: invalid params (-32602); event.colour: Extra inputs are not "
+                        "permitted")
         # Caught by the method itself: the JSON-RPC error's code, message and fields.
         text = failed(await mcp.call_tool("emit_event", {"sessionId": sid,
                                                          "event": {"type": "modified", "actor": "someone-else"}}))
@@ -172,6 +176,57 @@ async def test_bad_arguments_return_an_error_naming_the_field_and_write_nothing(
         after = await ws.call("session.get", {"sessionId": sid})
         assert after["session"]["seq"] == 2 and len(after["events"]) == 2
         assert (await ws.error("session.get", {"sessionId": "mine"}))["code"] == -32004
+
+
+async def test_out_of_range_arguments_and_unknown_tools_get_the_one_error_format(connect: Connect,
+                                                                                namespace: str) -> None:
+    async with connect(token("sloppy", namespace)) as mcp:
+        calls = [("get_session", {"sessionId": "s", "limit": 0}, "limit: Input should be greater than or equal to 1"),
+                 ("list_sessions", {"limit": 501}, "limit: Input should be less than or equal to 500"),
+                 ("session_outcomes", {"clusterId": "c", "days": 366},
+                  "days: Input should be less than or equal to 365"),
+                 ("create_session", {"ttl": 30}, "ttl: Input should be greater than or equal to 60"),
+                 ("create_session", {"labels": {f"k{n}": "v" for n in range(33)}},
+                  "labels: Dictionary should have at most 32 items after validation, not more")]
+        for tool, args, detail in calls:
+            text = failed(await mcp.call_tool(tool, args))
+            assert text == f"Error executing tool {tool}: invalid params (-32602); {detail}", text
+            assert "pydantic" not in text and "validation error" not in text
+        text = failed(await mcp.call_tool("drop_tables", {}))
+        assert text == "Error executing tool drop_tables: unknown tool (-32601); tool: drop_tables"
+        assert ok(await mcp.call_tool("list_sessions", {}))["sessions"] == [], "none of those made a session"
+
+
+def dead_port() -> int:
+    """A local port where nothing listens."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+FALKORDB_UNWRAPPED = pytest.mark.xfail(strict=True, reason="kg/graph.py and bridge/graph.py do not yet wrap FalkorDB "
+                                      "errors in BackendUnavailable('falkordb: ...'), so they read as Redis")
+
+
+@pytest.mark.parametrize(("backend", "name", "override"), [
+    ("postgres", "Postgres", "postgres_dsn"), ("redis", "Redis", "redis_url"),
+    pytest.param("falkordb", "FalkorDB", "falkordb_url", marks=FALKORDB_UNWRAPPED)])
+async def test_an_unavailable_backend_is_named_to_clients_and_detailed_only_in_the_log(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str, backend: str, name: str, override: str) -> None:
+    port = dead_port()
+    url = f"postgresql://memento:pw@127.0.0.1:{port}/memento" if backend == "postgres" else f"redis://127.0.0.1:{port}"
+    async with running(make_settings(backend_urls, tmp_path, **{override: url})) as daemon, \
+            rpc(daemon.port, token("asker", namespace)) as ws, over_http(daemon.port, token("asker", namespace)) as mcp:
+        with capture_logs() as logs:
+            # Redis first, then (not live) the KG anchors and the Postgres snapshot.
+            reply = await ws.request("bridge.handoff", {"sessionId": "gone"})
+            text = failed(await mcp.call_tool("get_handoff_context", {"sessionId": "gone"}))
+    assert reply["error"] == {"code": -32050, "message": f"backend unavailable: {name}", "data": {"backend": backend}}
+    assert text == f"Error executing tool get_handoff_context: backend unavailable: {name} (-32050); backend: {backend}"
+    failures = [entry for entry in logs if entry["event"] == "backend unavailable"]
+    assert [(entry["backend"], entry["method"]) for entry in failures] == [(backend, "bridge.handoff")] * 2
+    assert failures[0]["request_id"] == reply["id"] and failures[1]["request_id"] is not None
+    assert all(str(port) in entry["error"] for entry in failures), "the driver's details go to the log"
 
 
 async def test_a_client_of_namespace_a_cannot_read_or_write_a_session_of_namespace_b(
