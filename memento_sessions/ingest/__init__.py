@@ -1,0 +1,27 @@
+"""Converters of real agents' activity into the daemon's events, and the reducer of conversation state.
+
+Pure code with no I/O and only the standard library, so the hook command starts fast. The public API:
+
+- `convert_lines(lines, fmt="auto", project_root=None) -> Conversion(events, stats)`: a whole JSON Lines
+  input (a Claude Code transcript, stream-json output, an OpenCode event log); `fmt` is one of
+  `FORMATS` (claude-code, stream-json, opencode, hook) or "auto".
+- `converter(fmt, project_root=None)`: a stateful converter; `.feed(record) -> list[event]` per parsed
+  record, in order, never raising; `.stats` counts records, events, skipped (by reason) and capped.
+- `convert_hook(record, at=None, project_root=None) -> (events, stats)`: one Claude Code hook input;
+  `at` is the ISO time the hook read it (ids of inputs without an id of their own depend on it).
+- `reduce(events) -> Conversation`; `Conversation.apply(event)` for a live stream; `.view()` gives
+  `{blocks, subagents, idle, metadata, condensed: {tools, prompts, todos, tasks}}`.
+
+Every event is `{id, type, timestamp?, changeInfo?, stateTransition?, data?}` as `event.emitBatch` takes it,
+its id derived from the source record, so ingesting the same input twice writes nothing new.
+"""
+
+from __future__ import annotations
+
+from memento_sessions.ingest.claude_hooks import convert_hook
+from memento_sessions.ingest.events import Event, Stats
+from memento_sessions.ingest.lines import FORMATS, Conversion, convert_lines, converter, detect
+from memento_sessions.ingest.reducer import Conversation, reduce
+
+__all__ = ["FORMATS", "Conversation", "Conversion", "Event", "Stats", "convert_hook", "convert_lines", "converter",
+           "detect", "reduce"]

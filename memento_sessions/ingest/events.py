@@ -1,0 +1,188 @@
+"""Building daemon events from source records: deterministic ids, size caps, values every backend can store.
+
+Every converter builds its events here, so the rules of the daemon's event format live in one place:
+an id of 1..128 characters `[A-Za-z0-9._:-]` derived from the source record (re-ingesting writes nothing
+new), `data` at most 16 KiB encoded (a huge tool result is cut, marked and counted), no NaN, Infinity,
+number beyond 1e12 or NUL character that Postgres or FalkorDB could not store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+Event = dict[str, Any]
+
+MAX_DATA_BYTES = 16 * 1024
+# Below the daemon's 16 KiB so the keys it adds and JSON escaping differences never push an event over.
+DATA_BUDGET = MAX_DATA_BYTES - 512
+TEXT_CAP = 4096  # a tool result or message longer than this is cut first, with a marker
+MARKER = "…[truncated {} chars]"
+MAX_NUMBER = 1e12
+MAX_REASONS = 100
+
+_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_ID_BAD_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
+_ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+
+@dataclass
+class Stats:
+    """What a converter did: records read, events made, records skipped by reason, payloads capped."""
+
+    records: int = 0
+    events: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    capped: int = 0
+
+    def skip(self, reason: str) -> list[Event]:
+        """Count a skipped record (or part of one) and return no events."""
+        # Reasons name source types; past MAX_REASONS distinct ones a hostile source cannot grow the counter.
+        reason = reason[:80] if reason in self.skipped or len(self.skipped) < MAX_REASONS else "other"
+        self.skipped[reason] += 1
+        return []
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts as plain JSON."""
+        return {"records": self.records, "events": self.events, "skipped": dict(self.skipped),
+                "capped": self.capped}
+
+
+class Converter:
+    """A converter of one source's records; `feed` never raises, whatever the record holds."""
+
+    def __init__(self, project_root: str | None = None) -> None:
+        self.stats = Stats()
+        self.root = project_root  # file paths are made relative to it (else to the root the source names)
+
+    def feed(self, record: Any) -> list[Event]:
+        """The unified events of one source record (a parsed JSON value), counted in `stats`."""
+        self.stats.records += 1
+        if not isinstance(record, dict):
+            return self.stats.skip("not_an_object")
+        try:
+            events = self.convert(record)
+        except (TypeError, ValueError, AttributeError, KeyError) as error:
+            # A field of an unexpected type deep in a record: that record is skipped, never the stream.
+            return self.stats.skip(f"malformed:{type(error).__name__}")
+        self.stats.events += len(events)
+        return events
+
+    def convert(self, record: dict[str, Any]) -> list[Event]:
+        """The events of one record; subclasses dispatch on the record's type."""
+        raise NotImplementedError
+
+
+def obj(value: Any) -> dict[str, Any]:
+    """The value when it is a JSON object, else an empty one: a record's optional parts read safely."""
+    return value if isinstance(value, dict) else {}
+
+
+def digest(value: Any) -> str:
+    """A short stable hash of any JSON value (keys sorted), for ids of records that carry none."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def event_id(*parts: object) -> str:
+    """An event id from the source record's own ids, valid for the daemon whatever the source sent."""
+    text = ":".join(str(part) for part in parts)
+    if _ID_OK.match(text):
+        return text
+    # Foreign characters or a long id: keep a readable prefix and make it unique with a hash of the whole.
+    return f"{_ID_BAD_CHARS.sub('_', text)[:90]}:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+
+
+def iso_time(value: Any) -> str | None:
+    """An ISO-8601 timestamp with a zone from a source's ISO string or epoch milliseconds; None if neither."""
+    if isinstance(value, str) and _ISO.match(value):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        seconds = value / 1000 if value > 1e11 else value
+        try:
+            return datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="milliseconds")
+        except (OverflowError, OSError, ValueError):
+            return None
+    return None
+
+
+def make_event(stats: Stats, eid: str, etype: str, data: dict[str, Any] | None = None,
+               timestamp: Any = None, **extra: Any) -> Event:
+    """One daemon event; `data` is cleaned and capped, `extra` holds changeInfo, stateTransition or impact."""
+    event: Event = {"id": eid, "type": etype}
+    stamp = iso_time(timestamp)
+    if stamp:
+        event["timestamp"] = stamp
+    event.update({key: value for key, value in extra.items() if value is not None})
+    if data is not None:
+        event["data"] = fit(stats, clean(data))
+    return event
+
+
+def clean(value: Any) -> Any:
+    """The value with what a backend cannot store replaced: NUL characters, NaN/Infinity, numbers over 1e12."""
+    if isinstance(value, str):
+        return value.replace("\x00", "") if "\x00" in value else value
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return value if abs(value) <= MAX_NUMBER else str(value)
+    if isinstance(value, dict):
+        return {str(key): clean(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean(item) for item in value]
+    return str(value)
+
+
+def encoded_size(value: Any) -> int:
+    """Bytes of the value as compact UTF-8 JSON, as the daemon measures `data`."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def fit(stats: Stats, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` within the budget: long strings cut with a marker, then ever shorter, then only scalars."""
+    if encoded_size(data) <= DATA_BUDGET:
+        return data
+    stats.capped += 1
+    for text_cap, items_cap in ((TEXT_CAP, 256), (1024, 64), (256, 16), (64, 8)):
+        shrunk = shrink(data, text_cap, items_cap)
+        if encoded_size(shrunk) <= DATA_BUDGET:
+            return dict(shrunk)
+    return {"truncated": True, **{key: cut(value, 64) for key, value in data.items() if _scalar(value)}}
+
+
+def shrink(value: Any, text_cap: int, items_cap: int, depth: int = 0) -> Any:
+    """Strings cut to `text_cap`, lists and objects to `items_cap` entries, nesting to 6 levels, each marked."""
+    if isinstance(value, str):
+        return cut(value, text_cap)
+    if depth >= 6 and isinstance(value, dict | list):
+        return "…[nested value dropped]"
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {key: shrink(item, text_cap, items_cap, depth + 1) for key, item in items[:items_cap]}
+        if len(items) > items_cap:
+            out["…"] = f"{len(items) - items_cap} more keys"
+        return out
+    if isinstance(value, list):
+        kept = [shrink(item, text_cap, items_cap, depth + 1) for item in value[:items_cap]]
+        return kept + ([f"…[{len(value) - items_cap} more items]"] if len(value) > items_cap else [])
+    return value
+
+
+def cut(value: Any, cap: int) -> Any:
+    """A string cut to `cap` characters with the truncation marker; other values unchanged."""
+    if isinstance(value, str) and len(value) > cap:
+        return value[:cap] + MARKER.format(len(value) - cap)
+    return value
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
