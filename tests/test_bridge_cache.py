@@ -9,6 +9,7 @@ import random
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from memento_sessions.auth import Identity
 from memento_sessions.backends import Backends
@@ -58,7 +59,7 @@ async def test_cached_answers_equal_uncached_ones_as_events_arrive(settings: Set
     assert len(transitions) >= 5  # the random session did break, so the comparison compared something
     assert cached.cache.size == len(transitions) + 1  # the breaking events held, plus one for the entry
     assert uncached.cache.size == 0
-    (entry, _), = cached.cache._entries.values()
+    (entry, _, _), = cached.cache._entries.values()
     # Held as text, breakages are no container objects: they neither count toward a young collection nor
     # get walked by one.
     assert all(isinstance(b, str) and not gc.is_tracked(b) for b in entry.fold.found)
@@ -101,6 +102,58 @@ async def test_the_cache_holds_at_most_its_limit_of_events(settings: Settings, b
     await manager.emit_batch(who(namespace), big, flapping * 3)
     assert len((await bridge.transitions(namespace, big))["transitions"]) == 30  # answered, not kept
     assert bridge.cache.size == 22
+
+
+def wide_break(i: int) -> EventIn:
+    """A breaking event whose changeInfo names 40 long entity ids (~8 KiB kept by its breakage)."""
+    ids = [f"src/module_{i}/{'x' * 180}::fn_{k}" for k in range(40)]
+    return EventIn.model_validate({"type": "broke", "changeInfo": {"entityIds": ids}})
+
+
+async def test_the_cache_holds_at_most_its_limit_of_bytes(settings: Settings, backends: Backends,
+                                                          namespace: str) -> None:
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    bridge = SessionBridge(manager, backends, 0)
+    bridge.cache = cache.EventCache(10**6, max_bytes=300_000)  # the event count alone would hold them all
+    evicted = REGISTRY.get_sample_value("memento_bridge_cache_evictions_total") or 0.0
+    sids = []
+    for n in range(4):
+        sid = (await manager.create(who(namespace)))["sessionId"]
+        sids.append(sid)
+        events = [wide_break(n * 100 + i) if i % 2 == 0 else EventIn(type="test_pass") for i in range(30)]
+        await manager.emit_batch(who(namespace), sid, events)  # 15 breakages of ~8 KiB: ~125 KB an entry
+        assert len((await bridge.transitions(namespace, sid))["transitions"]) == 15
+        assert bridge.cache.nbytes <= 300_000
+    held = list(bridge.cache._entries.items())
+    assert [key[1] for key, _ in held] == sids[2:]  # the two most recently read sessions
+    for key, (entry, _, counted) in held:
+        real = sum(len(item) for item in entry.fold.found)
+        assert 15 * 8000 < real < counted == entry.nbytes(key) < real + 2_000  # sized by what it holds
+    assert bridge.cache.nbytes == sum(counted for _, (_, _, counted) in held)
+    assert REGISTRY.get_sample_value("memento_bridge_cache_evictions_total") == evicted + 2
+    assert REGISTRY.get_sample_value("memento_bridge_cache_bytes") == bridge.cache.nbytes
+    bridge.cache = cache.EventCache(10**6, max_bytes=100_000)  # one entry is over the whole bound
+    assert len((await bridge.transitions(namespace, sids[0]))["transitions"]) == 15  # answered, not kept
+    assert (bridge.cache.nbytes, bridge.cache.size, len(bridge.cache._entries)) == (0, 0, 0)
+
+
+async def test_the_cache_holds_at_most_limit_sessions_and_a_small_window_each(settings: Settings,
+                                                                             backends: Backends,
+                                                                             namespace: str) -> None:
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    bridge = SessionBridge(manager, backends, 3)
+    for _ in range(5):  # sessions that never break: one counted event each
+        sid = (await manager.create(who(namespace)))["sessionId"]
+        await manager.emit_batch(who(namespace), sid, [EventIn.model_validate(
+            {"type": "modified", "changeInfo": {"entityIds": [f"fn:{i}:{k}" for k in range(50)]}})
+            for i in range(40)])  # 2,000 distinct entities changed since the session last worked
+        assert (await bridge.transitions(namespace, sid))["transitions"] == []
+    assert (len(bridge.cache._entries), bridge.cache.size) == (3, 3)
+    for entry, _, counted in bridge.cache._entries.values():
+        assert list(entry.fold.window) == [f"fn:39:{k}" for k in range(45, 50)]  # only what a breakage reports
+        assert counted < 2_000
 
 
 async def test_compact_graph_replies_read_as_the_falkordb_client_reads_them(backends: Backends, graph: Any,

@@ -6,8 +6,11 @@ re-created under the same id gets a new epoch. So the breakages found over a ses
 of an epoch stay true, and the fold that found them (timeline.BreakageFold) resumes at event N + 1
 (a snapshot plus the events after it, as in event sourcing). Only the fold is kept, not the events:
 holding thousands of decoded events made every full garbage collection walk them (100 ms pauses in
-the bench). Bounded by the breaking events held in all (MEMENTO_BRIDGE_CACHE_EVENTS), least recently
-used session out first; 0 turns the cache off. docs/bridge.md has the figures.
+the bench). Bounded twice, least recently used session out first: by the breaking events held in all
+(MEMENTO_BRIDGE_CACHE_EVENTS; each entry counts one more, so it bounds the sessions held too) and by
+the bytes the entries hold (MEMENTO_BRIDGE_CACHE_BYTES: a breakage keeps its event's changeInfo and
+impact, up to 64 KiB each, so a count alone bounds nothing). 0 in either turns the cache off.
+docs/bridge.md has the figures.
 """
 
 from __future__ import annotations
@@ -22,10 +25,16 @@ import pydantic_core
 
 from memento_sessions.bridge.timeline import Breakage, BreakageFold, Event
 from memento_sessions.errors import NotFound
+from memento_sessions.metrics import BRIDGE_CACHE_BYTES, BRIDGE_CACHE_EVICTIONS
 from memento_sessions.sessions.manager import SessionManager
 
 Hint = Callable[[list[tuple[str, ...]]], bool]  # given new breakages' windows: whether it started a query
 CHUNK = 250  # events decoded and folded between two hints
+DEFAULT_BYTES = 64 * 1024 * 1024
+# Measured with sys.getsizeof on CPython 3.11: an Entry, its fold, the fold's window dict and the cache's
+# key tuple and OrderedDict slot come to about 700 bytes; a held str costs 49 + its length (ASCII).
+ENTRY_BYTES = 768
+STR_BYTES = 56
 
 
 @dataclass
@@ -35,17 +44,25 @@ class Entry:
     epoch: str
     last_seq: int = 0
     fold: BreakageFold = field(default_factory=BreakageFold)
+    found_bytes: int = 0  # the held breakages' bytes, kept as they are found
 
     @property
     def size(self) -> int:
         """What the entry holds, counted in events: the breaking ones, plus one for the rest."""
         return len(self.fold.found) + 1
 
+    def nbytes(self, key: tuple[str, str]) -> int:
+        """What the entry holds under `key`, in bytes (an estimate a little above CPython's own count)."""
+        window = sum(STR_BYTES + len(entity) for entity in self.fold.window)  # at most SUSPECTS entities
+        return ENTRY_BYTES + self.found_bytes + window + sum(STR_BYTES + len(part) for part in (*key, self.epoch))
+
     def extend(self, fresh: list[Event]) -> None:
         """Fold in the events after the last one folded (a concurrent call may have folded some already)."""
         new = [event for event in fresh if int(event["seq"]) > self.last_seq]
         if new:
+            held = len(self.fold.found)
             self.fold.feed(new)
+            self.found_bytes += sum(STR_BYTES + len(item) for item in self.fold.found[held:])
             self.last_seq = int(new[-1]["seq"])
 
 
@@ -56,12 +73,15 @@ def decode(members: list[str]) -> list[Event]:
 
 
 class EventCache:
-    """Breakage folds by (namespace, session id), holding at most `limit` events in all."""
+    """Breakage folds by (namespace, session id), holding at most `limit` events and `max_bytes` bytes in all."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, max_bytes: int = DEFAULT_BYTES) -> None:
         self.limit = limit
-        self._entries: OrderedDict[tuple[str, str], tuple[Entry, int]] = OrderedDict()  # entry, events counted
+        self.max_bytes = max_bytes
+        # entry, and the events and bytes it was counted at
+        self._entries: OrderedDict[tuple[str, str], tuple[Entry, int, int]] = OrderedDict()
         self.size = 0
+        self.nbytes = 0
 
     async def read(self, manager: SessionManager, ns: str, session_id: str,
                    hint: Hint | None = None) -> tuple[dict[str, Any], Entry]:
@@ -103,15 +123,22 @@ class EventCache:
 
     def _keep(self, key: tuple[str, str], entry: Entry) -> None:
         self._forget(key)
-        if entry.size > self.limit:
+        size, nbytes = entry.size, entry.nbytes(key)
+        if size > self.limit or nbytes > self.max_bytes:
+            BRIDGE_CACHE_EVICTIONS.inc()  # too big to keep at all: the next call reads the session afresh
             return
-        self._entries[key] = (entry, entry.size)
-        self.size += entry.size
-        while self.size > self.limit:
-            _, (_, counted) = self._entries.popitem(last=False)
+        self._entries[key] = (entry, size, nbytes)
+        self.size += size
+        self.nbytes += nbytes
+        while self.size > self.limit or self.nbytes > self.max_bytes:
+            _, (_, counted, counted_bytes) = self._entries.popitem(last=False)
             self.size -= counted
+            self.nbytes -= counted_bytes
+            BRIDGE_CACHE_EVICTIONS.inc()
+        BRIDGE_CACHE_BYTES.set(self.nbytes)
 
     def _forget(self, key: tuple[str, str]) -> None:
         held = self._entries.pop(key, None)
         if held is not None:
             self.size -= held[1]
+            self.nbytes -= held[2]

@@ -84,6 +84,9 @@ class BreakageFold:
             for entity in entity_ids(event):
                 window.pop(entity, None)
                 window[entity] = None
+            if wanted is None:  # only the last SUSPECTS are ever reported: hold no more (bridge/cache.py)
+                while len(window) > SUSPECTS:
+                    del window[next(iter(window))]
             new = new_state(event)
             if new == "broken" and state == "working" and (wanted is None or wanted in window):
                 seen.append(found(last_ok, event, tuple(window)[-SUSPECTS:]))
