@@ -99,6 +99,7 @@ def test_compose_default_runs_the_daemon_on_falkordb_and_postgres() -> None:
     assert (settings.redis_url, settings.falkordb_url, settings.port) == ("redis://falkordb:6379/0", None, 8765)
     assert Path(daemon["build"]["context"]).resolve() == ROOT
     assert daemon["read_only"] is True
+    assert {"/data", "/tmp"} <= set(daemon["tmpfs"])  # the only places a read-only daemon container writes
     assert {name: dep["condition"] for name, dep in daemon["depends_on"].items()} \
         == {"falkordb": "service_healthy", "postgres": "service_healthy"}
     assert services["falkordb"]["image"].startswith("falkordb/falkordb:")
