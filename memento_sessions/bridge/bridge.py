@@ -20,11 +20,12 @@ from memento_sessions.bridge.cache import EventCache, Hint
 from memento_sessions.bridge.context import Context, TransitionContext
 from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT
-from memento_sessions.bridge.timeline import breakages, by_actor, perf_sum, touched
+from memento_sessions.bridge.timeline import Event, breakages, by_actor, perf_sum, touched
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.errors import NotFound
-from memento_sessions.metrics import BRIDGE_QUERY_SECONDS
+from memento_sessions.metrics import BRIDGE_QUERY_SECONDS, REPLY_PAGES
 from memento_sessions.sessions.manager import SessionManager, iso, now_ms
+from memento_sessions.sessions.paging import PAGE, Page, page_bytes
 
 Result = dict[str, Any]
 RECENT = 10
@@ -70,8 +71,11 @@ class SessionBridge:
                     item["kgContext"] = kg
             return {"transitions": items, "source": record.source}
 
-    async def isolate(self, ns: str, session_id: str, agent_id: str) -> Result:
-        """One agent's events, the anchors of each entity it touched, and its total perfDelta."""
+    async def isolate(self, ns: str, session_id: str, agent_id: str, since: int = 0,
+                      limit: int | None = None) -> Result:
+        """One agent's events after `since` (a page: at most `limit`, 1,000 by default, and a quarter of the
+        send buffer in bytes, with `nextSince` when more exist), the anchors of each entity it touched, and
+        its total perfDelta (impacts and total always cover all its events)."""
         with timed("isolate"):
             record = await self._record(ns, session_id)
             anchors = record.anchors if record.anchors is not None else await session_anchors(
@@ -85,8 +89,20 @@ class SessionBridge:
                 found = [anchor_view(a) for a in reversed(theirs) if entity in a["entityIds"]]
                 impacts.append({"entityId": entity, "anchors": found, "count": len(found)})
             total = perf_sum(mine) if mine else sum(float(a.get("perfDelta") or 0.0) for a in theirs)
-            return {"agentId": agent_id, "events": mine, "impacts": impacts, "totalPerfDelta": total,
-                    "source": record.source}
+            result = {"agentId": agent_id, "events": [], "impacts": impacts, "totalPerfDelta": total,
+                      "source": record.source}
+            return self._paged(result, mine, since, limit)
+
+    def _paged(self, result: Result, events: Sequence[Event], since: int, limit: int | None) -> Result:
+        """`result` with a page of `events` (seq > since) and `nextSince` when more remain."""
+        page = Page(limit or PAGE, page_bytes(self.manager.settings.ws_send_buffer))
+        for event in events:
+            if int(event.get("seq") or 0) > since and not page.add(event):
+                result["nextSince"] = page.items[-1]["seq"]
+                REPLY_PAGES.labels("bridge.isolate").inc()
+                break
+        result["events"] = page.items
+        return result
 
     async def handoff(self, ns: str, session_id: str) -> Result:
         """What a joining agent needs: state, agents, the last 10 events and the KG around what they changed."""

@@ -23,6 +23,8 @@ class TransitionsParams(SessionParams):
 
 class IsolateParams(SessionParams):
     agentId: ClientId
+    since: int = Field(default=0, ge=0)  # a previous page's nextSince
+    limit: int | None = Field(default=None, ge=1, le=10_000)
 
 
 class OutcomesParams(Params):
@@ -37,7 +39,7 @@ def register(registry: Registry, bridge: SessionBridge) -> None:
         return await bridge.transitions(call.identity.namespace, p.sessionId, p.entityId)
 
     async def isolate(call: Call, p: IsolateParams) -> Result:
-        return await bridge.isolate(call.identity.namespace, p.sessionId, p.agentId)
+        return await bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
 
     async def handoff(call: Call, p: SessionParams) -> Result:
         return await bridge.handoff(call.identity.namespace, p.sessionId)

@@ -82,6 +82,15 @@ def event_body(event: EventIn, actor: str, session_json: str, now: str) -> str:
     return text
 
 
+def start_body(start: EventIn, actor: str, session_json: str, now: str) -> str:
+    """A create's start event body; too large is the fault of its entityIds, so the error names them."""
+    try:
+        return event_body(start, actor, session_json, now)
+    except InvalidParams as exc:
+        message = exc.data[0]["message"]
+        raise InvalidParams("entityIds too large", [{"field": "entityIds", "message": message}]) from None
+
+
 def check_actor(event: EventIn, who: Identity, field: str) -> None:
     """The actor is always the token's agent; naming another is refused."""
     if event.actor is not None and event.actor != who.agent_id:
@@ -176,7 +185,7 @@ class SessionManager:
         start = EventIn(type="start", changeInfo=ChangeInfo(elementType="session", entityIds=list(entity_ids),
                                                             operation="init")) if entity_ids else None
         skeys, channel, session_json = route(who.namespace, sid)
-        body = event_body(start, who.agent_id, session_json, iso(now)) if start else ""
+        body = start_body(start, who.agent_id, session_json, iso(now)) if start else ""
         announce = encode_notification("sessions.announce", {"type": "new", "sessionId": sid,
                                                              "agentId": who.agent_id, "labels": labels})
         indexed = await self._reserve(who.namespace, sid, now)
