@@ -1,4 +1,8 @@
-"""Where a session is read from: its live Redis keys, or, once they expired, its anchors and snapshot."""
+"""Where a session is read from: its live Redis keys, or, once they expired, its anchors and snapshots.
+
+A broken session leaves one snapshot row per broken checkpoint, each with only the events after the
+previous one (checkpoints/snapshots.py); the archive reads them joined: every event of the session's
+newest epoch that a snapshot holds, once, in seq order."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ class Record:
     events: list[Event]
     source: Literal["live", "archive"]
     anchors: list[Anchor] | None = None  # loaded with the archive; the live path asks when it needs them
-    snapshot: str | None = None  # checkpoint id of the failure snapshot used, if any
+    snapshot: str | None = None  # checkpoint id of the newest failure snapshot used, if any
     breaks: list[Breakage] | None = None  # every breakage of `events`, when already known
 
 
@@ -74,14 +78,14 @@ def stamp(anchor: Anchor) -> float:
 
 
 async def latest_snapshot(snapshots: Snapshots, namespace: str, session_id: str) -> Snapshot | None:
-    """The session's newest failure snapshot; None when it has none or Postgres is off."""
+    """The session's failure snapshots joined (its newest epoch); None when it has none or Postgres is off."""
     if not snapshots.postgres.enabled:
         return None
     return await snapshots.latest_snapshot(namespace, session_id)
 
 
 async def read_archive(snapshots: Snapshots, graphs: NamespaceGraphs, namespace: str, session_id: str) -> Record:
-    """The expired session rebuilt from its anchors and failure snapshot; NotFound when it left neither."""
+    """The expired session rebuilt from its anchors and failure snapshots; NotFound when it left neither."""
     anchors = await session_anchors(graphs, namespace, session_id)
     snapshot = await latest_snapshot(snapshots, namespace, session_id)
     if not anchors and snapshot is None:
