@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -21,19 +22,23 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.auth import AuthError, Identity, bearer, verify_token
 from memento_sessions.embedded.datadir import auth_secret
+from memento_sessions.mcp_quota import SessionQuota
 from memento_sessions.mcp_server import CALLER, build_server
 from memento_sessions.rpc import Registry
 from memento_sessions.settings import Settings
 
 PATH = "/mcp"
+IDLE_TIMEOUT = float(DEFAULT_SESSION_IDLE_TIMEOUT)  # seconds without a request before a session expires (30 min)
 
 
 class BearerAuth:
-    """ASGI middleware: verify the bearer token, then run the request as its identity."""
+    """ASGI middleware: verify the bearer token, then run the request as its identity, within its agent's
+    MCP session quota."""
 
-    def __init__(self, app: ASGIApp, secret: str) -> None:
+    def __init__(self, app: ASGIApp, secret: str, quota: SessionQuota) -> None:
         self.app = app
         self.secret = secret
+        self.quota = quota
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,7 +53,7 @@ class BearerAuth:
         scope["user"] = AuthenticatedUser(principal(identity, raw or ""))
         reset = CALLER.set(identity)
         try:
-            await self.app(scope, receive, send)
+            await self.quota.serve((identity.namespace, identity.agent_id), scope, receive, send)
         finally:
             CALLER.reset(reset)
 
@@ -84,10 +89,15 @@ def transport_security(settings: Settings) -> TransportSecuritySettings:
 
 
 @asynccontextmanager
-async def serve_mcp(settings: Settings, registry: Registry) -> AsyncIterator[ASGIApp]:
-    """The `/mcp` ASGI app, with the SDK's session manager running until exit."""
+async def serve_mcp(settings: Settings, registry: Registry,
+                    idle_timeout: float = IDLE_TIMEOUT) -> AsyncIterator[ASGIApp]:
+    """The `/mcp` ASGI app, with the SDK's session manager running until exit.
+
+    Sessions idle for `idle_timeout` seconds expire; each agent keeps at most MEMENTO_MCP_MAX_SESSIONS.
+    """
     server = build_server(registry, rate_limit=settings.mcp_rate_limit)
     app = server.streamable_http_app(streamable_http_path=PATH, transport_security=transport_security(settings),
-                                     host=settings.host)
+                                     host=settings.host, session_idle_timeout=idle_timeout)
+    quota = SessionQuota(app, settings.mcp_max_sessions, idle_timeout)
     async with server.session_manager.run():
-        yield BearerAuth(app, settings.auth_secret or auth_secret(settings.data_dir))
+        yield BearerAuth(app, settings.auth_secret or auth_secret(settings.data_dir), quota)

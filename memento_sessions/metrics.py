@@ -50,3 +50,7 @@ BRIDGE_CACHE_EVICTIONS = Counter("memento_bridge_cache_evictions_total",
 BRIDGE_QUERY_SECONDS = Histogram(
     "memento_bridge_query_seconds", "Bridge query latency", ["query"], buckets=_FAST
 )
+
+MCP_SESSION_LIMIT = Counter("memento_mcp_session_limit_total",
+                            "MCP sessions closed (oldest idle) or refused (none idle) at MEMENTO_MCP_MAX_SESSIONS",
+                            ["action"])

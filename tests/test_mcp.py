@@ -24,11 +24,14 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import ConfigError
+from memento_sessions.mcp_http import serve_mcp
+from memento_sessions.rpc import Registry
 from memento_sessions.settings import Settings, load_settings
 from tests.conftest import SECRET, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
@@ -394,3 +397,64 @@ async def test_hosts_named_in_mcp_allowed_hosts_are_served_others_get_421(
 def test_a_bad_mcp_allowed_hosts_entry_is_refused_at_start(value: str) -> None:
     with pytest.raises(ConfigError, match="MEMENTO_MCP_ALLOWED_HOSTS"):
         load_settings(mcp_allowed_hosts=f"ok.example,{value}")
+
+
+async def open_session(http: httpx2.AsyncClient, url: str, headers: dict[str, str]) -> str:
+    """A new MCP session's id (the SDK's answer to initialize)."""
+    opened = await http.post(url, json=INIT, headers=headers)
+    assert opened.status_code == 200, opened.text
+    return str(opened.headers["mcp-session-id"])
+
+
+async def test_an_agent_at_its_mcp_session_limit_loses_its_oldest_idle_session_not_others(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, mcp_max_sessions=2)) as daemon, \
+            httpx2.AsyncClient() as http:
+        url = f"http://127.0.0.1:{daemon.port}/mcp"
+        alice = {**HEADERS, "authorization": f"Bearer {token('alice', namespace)}"}
+        bob = {**HEADERS, "authorization": f"Bearer {token('bob', namespace)}"}
+        first, second = await open_session(http, url, alice), await open_session(http, url, alice)
+        bobs = [await open_session(http, url, bob) for _ in range(2)]
+        assert (await http.post(url, json=LIST, headers={**alice, "mcp-session-id": first})).status_code == 200
+        third = await open_session(http, url, alice)  # `second` is now the one idle the longest
+
+        async def status(headers: dict[str, str], session_id: str) -> int:
+            return (await http.post(url, json=LIST, headers={**headers, "mcp-session-id": session_id})).status_code
+
+        assert [await status(alice, sid) for sid in (first, second, third)] == [200, 404, 200]
+        assert [await status(bob, sid) for sid in bobs] == [200, 200], "another agent keeps its sessions"
+        other_ns = {**HEADERS, "authorization": f"Bearer {token('alice', namespace + 'x')}"}
+        assert await open_session(http, url, other_ns), "the same agent id in another namespace counts apart"
+        async with http.stream("GET", url, headers={**alice, "accept": "text/event-stream", "mcp-session-id": first}), \
+                http.stream("GET", url, headers={**alice, "accept": "text/event-stream", "mcp-session-id": third}):
+            await anyio.sleep(0.2)  # both of alice's sessions now have an event stream open: none is idle
+            refused = await http.post(url, json=INIT, headers=alice)
+        assert refused.status_code == 503
+        assert refused.json()["error"] == {
+            "code": -32009, "data": {"reason": "too_many_mcp_sessions", "limit": 2},
+            "message": "too many MCP sessions: agent 'alice' has 2 open, each with a request in flight "
+                       "(MEMENTO_MCP_MAX_SESSIONS); end one (HTTP DELETE) or wait for one to go idle"}
+        assert [await status(alice, sid) for sid in (first, third)] == [200, 200], "a refusal closes nothing"
+        assert (await http.delete(url, headers={**alice, "mcp-session-id": first})).status_code == 200
+        fourth = await open_session(http, url, alice)  # the DELETE made room: nothing else is closed
+        assert [await status(alice, sid) for sid in (third, fourth)] == [200, 200]
+
+
+def limit_actions(action: str) -> float:
+    return REGISTRY.get_sample_value("memento_mcp_session_limit_total", {"action": action}) or 0.0
+
+
+async def test_idle_mcp_sessions_expire_and_stop_counting_against_the_limit(settings: Settings,
+                                                                            namespace: str) -> None:
+    one = settings.model_copy(update={"mcp_max_sessions": 1, "port": 8765})
+    alice = {**HEADERS, "authorization": f"Bearer {token('alice', namespace)}", "host": "127.0.0.1:8765"}
+    async with serve_mcp(one, Registry(), idle_timeout=0.5) as app, \
+            httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://127.0.0.1:8765") as http:
+        closed = limit_actions("closed")
+        first = await open_session(http, "/mcp", alice)
+        assert (await http.post("/mcp", json=LIST, headers={**alice, "mcp-session-id": first})).status_code == 200
+        await anyio.sleep(1.0)
+        assert (await http.post("/mcp", json=LIST, headers={**alice, "mcp-session-id": first})).status_code == 404
+        second = await open_session(http, "/mcp", alice)
+        assert (await http.post("/mcp", json=LIST, headers={**alice, "mcp-session-id": second})).status_code == 200
+        assert limit_actions("closed") == closed, "the expired session made room: nothing was closed for it"
