@@ -109,7 +109,8 @@ async def test_poison_data_error_names_the_path(session: tuple[RpcSocket, str, a
     before = await stored(r, namespace, sid)
     error = await peer.error("event.emit", {"sessionId": sid, "event": {"type": "x", "data": {"a": [0, {"b": 2e12}]}}})
     assert error["code"] == -32602
-    assert error["data"] == [{"field": "event.data", "message": "Value error, data.a[1].b: 2e+12 is over 1e12 in magnitude"}]
+    assert error["data"] == [{"field": "event.data",
+                              "message": "Value error, data.a[1].b: 2e+12 is over 1e12 in magnitude"}]
     nul = await peer.error("event.emit", {"sessionId": sid, "event": {"type": "x", "data": {"t": "\u0000"}}})
     assert nul["data"] == [{"field": "event.data",
                             "message": "Value error, data.t: contains NUL (\\u0000), which cannot be stored"}]

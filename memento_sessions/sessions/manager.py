@@ -18,7 +18,6 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import Conflict, Forbidden, InvalidParams, NotFound
-from memento_sessions.janitor import sweep_namespace
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMIT_SECONDS, EVENTS, REPLY_PAGES, SESSION_LIMIT_REFUSALS
 from memento_sessions.rpc import encode_notification
@@ -129,6 +128,7 @@ def events_counter(event_type: str) -> Counter:
     return _COUNTERS.get(event_type) or _COUNTERS["other"]
 
 
+SWEEP_OLDEST = 100  # index entries a create that finds its namespace full checks for expiry
 LIST_CHUNK = 100  # index entries read per round trip by session.list
 LIST_SCAN = 20 * LIST_CHUNK  # index entries one session.list call reads at most before it returns a cursor
 
@@ -210,14 +210,24 @@ class SessionManager:
         try:
             return await self.store.add_to_index(index, session_id, now, cap)
         except Conflict:
-            # Expired sessions must not hold places: the janitor drops them every few seconds, but a create
-            # that finds the namespace full drops them first and tries once more.
-            await sweep_namespace(self.redis, namespace)
+            # Expired sessions must not hold places: the janitor drops them every few seconds, and a create
+            # that finds the namespace full drops those among the oldest first and tries once more (bounded
+            # work, so a client hammering a full namespace cannot make each refusal scan the whole index).
+            await self._drop_expired(index, namespace)
         try:
             return await self.store.add_to_index(index, session_id, now, cap)
         except Conflict:
             SESSION_LIMIT_REFUSALS.labels("namespace_full").inc()
             raise
+
+    async def _drop_expired(self, index: str, namespace: str) -> None:
+        ids = [str(sid) for sid in await self.redis.zrange(index, 0, SWEEP_OLDEST - 1)]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in ids:
+                pipe.exists(keys.session_keys(namespace, sid).session)
+            alive = await pipe.execute()
+        if gone := [sid for sid, exists in zip(ids, alive, strict=True) if not exists]:
+            await self.redis.zrem(index, *gone)
 
     async def _indexed(self, namespace: str, session_id: str, now: int, added: bool) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
