@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from memento_sessions.ingest import blocks
-from memento_sessions.ingest.events import TEXT_CAP, Converter, Event, cut, digest, event_id, make_event
+from memento_sessions.ingest.events import Converter, Event, cut, digest, event_id, make_event
 from memento_sessions.ingest.signals import SHELL_TOOLS, edit_event, exit_code_of, outcome_event
 
 MEMORY = 4096  # tool uses awaiting a result and messages with an index remembered; the oldest are forgotten
@@ -121,7 +121,7 @@ class AnthropicConverter(Converter):
         name, tool_input, tool_sub = self.tools.pop(tool_id, (None, None, sub))
         output = blocks.text_of(item.get("content"))
         is_error = item.get("is_error") is True
-        block = {"id": tool_id, "kind": "tool_use", "status": "complete", "output": cut(output, TEXT_CAP),
+        block = {"id": tool_id, "kind": "tool_use", "status": "complete", "output": self.stats.cap(output),
                  "isError": is_error}
         events = [blocks.upsert(self.stats, event_id(tool_id, "result"), block, tool_sub, stamp)]
         if name is None:

@@ -38,6 +38,8 @@ class ClaudeCodeTranscript(AnthropicConverter):
     def message(self, record: dict[str, Any], sub: str | None = None) -> list[Event]:
         """A user or assistant record, in the main conversation or a subagent's."""
         events: list[Event] = []
+        if self.root is None and isinstance(record.get("cwd"), str):
+            self.root = record["cwd"]  # where the session started: file entities are relative to it
         if sub is None:
             sub, events = self.sidechain(record)
         if record.get("type") == "assistant":

@@ -12,7 +12,7 @@ import json
 from typing import Any
 
 from memento_sessions.ingest import blocks
-from memento_sessions.ingest.events import TEXT_CAP, Converter, Event, Stats, cut, digest, event_id, make_event
+from memento_sessions.ingest.events import Converter, Event, Stats, cut, digest, event_id, make_event
 from memento_sessions.ingest.signals import SHELL_TOOLS, edit_event, exit_code_of, outcome_event
 
 _META = {"SessionStart": ("source", "model"), "SessionEnd": ("reason",),
@@ -62,7 +62,7 @@ class ClaudeHooks(Converter):
         failed = name == "PostToolUseFailure"
         response = record.get("tool_response") if not failed else record.get("error")
         block = {"id": tool_id, "kind": "tool_use", "status": "complete", "toolName": tool, "input": tool_input,
-                 "output": cut(_output(response), TEXT_CAP),
+                 "output": self.stats.cap(_output(response)),
                  "isError": failed}
         events = [blocks.upsert(self.stats, event_id(tool_id, "result"), block, None, self.at)]
         return events + self.signals(tool, tool_id, tool_input, response, failed, record)

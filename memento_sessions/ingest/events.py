@@ -48,6 +48,13 @@ class Stats:
         self.skipped[reason] += 1
         return []
 
+    def cap(self, text: str, limit: int = 4096) -> str:
+        """A tool result or message cut to `limit` characters with the marker, counted when cut."""
+        if len(text) <= limit:
+            return text
+        self.capped += 1
+        return text[:limit] + MARKER.format(len(text) - limit)
+
     def as_dict(self) -> dict[str, Any]:
         """The counts as plain JSON."""
         return {"records": self.records, "events": self.events, "skipped": dict(self.skipped),

@@ -13,7 +13,7 @@ from typing import Any
 
 from memento_sessions.ingest import blocks
 from memento_sessions.ingest.anthropic import Bounded
-from memento_sessions.ingest.events import TEXT_CAP, Converter, Event, cut, digest, event_id, make_event, obj
+from memento_sessions.ingest.events import Converter, Event, cut, digest, event_id, make_event, obj
 from memento_sessions.ingest.signals import EDIT_TOOLS, SHELL_TOOLS, edit_event, file_entity, outcome_event
 
 _TEXT_KINDS = {"text": "assistant_text", "reasoning": "thinking"}
@@ -98,7 +98,7 @@ class OpenCode(Converter):
         block = {"id": part_id, "kind": "tool_use", "status": "complete" if done else "pending", "toolName": tool,
                  "input": state.get("input"), "isError": status == "error"}
         if done:
-            block["output"] = cut(str(output or ""), TEXT_CAP)
+            block["output"] = self.stats.cap(str(output or ""))
         stamp = obj(state.get("time")).get("start")
         events = [blocks.upsert(self.stats, event_id(part_id, digest(block)), block, sub, stamp)]
         if tool in blocks.TASK_TOOLS:

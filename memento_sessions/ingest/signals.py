@@ -29,7 +29,7 @@ _BUILD = re.compile(
 _PREFIX = re.compile(
     r"^(?:(?:\w+=\S*|timeout\s+\S+|time|env|exec|nice|npx|pnpx|bunx|uv\s+run|poetry\s+run|pdm\s+run|hatch\s+run"
     r"|pipenv\s+run|python3?\s+-m)\s+)+")
-_PATH = re.compile(r"^\S*/")
+_PATH = re.compile(r"^[^\s=]*/")
 _SPLIT = re.compile(r"&&|\|\||;|\||\n")
 _EXIT = re.compile(r"^Exit code (\d+)")
 
@@ -38,8 +38,8 @@ def check_kind(command: str) -> str | None:
     """'test' or 'build' when a shell command runs tests or a build; None otherwise."""
     kind = None
     for part in _SPLIT.split(command):
-        words = _PREFIX.sub("", part.strip())
-        words = _PATH.sub("", words)  # .venv/bin/pytest, ./node_modules/.bin/jest
+        # Paths go before and after runner prefixes: .venv/bin/python -m pytest, uv run ./node_modules/.bin/jest.
+        words = _PATH.sub("", _PREFIX.sub("", _PATH.sub("", part.strip())))
         if _TEST.match(words):
             return "test"
         if _BUILD.match(words):
