@@ -211,3 +211,19 @@ async def test_kg_upsert_refuses_poison_props_and_writes_nothing(daemon: Daemon,
             assert message in error["data"][0]["message"], error
         assert list((await graph.query("MATCH (n) RETURN count(n)")).result_set) == [[0]]
         assert await peer.call("kg.upsert", {"nodes": [{"id": "a", "props": {"w": 1e12}}]}) == {"nodes": 1, "edges": 0}
+
+
+def test_the_condensed_view_is_bounded_whatever_the_session_holds() -> None:
+    from memento_sessions.sessions.condense import KEEP, Condenser
+
+    folder = Condenser()
+    for chunk in range(12):  # 2,400 events in chunks, as session.get folds them
+        folder.add([{"seq": chunk * 200 + i + 1, "type": f"t{chunk * 200 + i}",
+                     "changeInfo": {"entityIds": [f"e{chunk * 200 + i}", "hot"]},
+                     "stateTransition": {"to": "broken" if i % 2 else "working"}, "impact": {"perfDelta": 1.0}}
+                    for i in range(200)])
+    view = folder.result()
+    assert len(view["counts"]) == KEEP + 1 and view["counts"]["other"] == 2400 - KEEP
+    assert len(view["entities"]) == KEEP and next(iter(view["entities"].items())) == ("hot", 2400)
+    assert len(view["transitions"]) == KEEP and view["transitions"][-1]["seq"] == 2400
+    assert view["truncated"] == ["counts", "entities", "transitions"] and view["perfDelta"] == 2400.0
