@@ -338,6 +338,9 @@ def test_cluster_values_chart() -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= rendered["Service"]["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == rendered["Service"]["spec"]["ports"][0]["name"]
     assert monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    dashboard = rendered["ConfigMap"]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["memento-sessions.json"]) == json.loads(DASHBOARD.read_text())
 
 
 @pytest.mark.parametrize(("args", "message"), [
