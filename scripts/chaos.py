@@ -76,6 +76,7 @@ class Chaos:
         self.rng = random.Random(opts.seed)
         self.done: list[str] = []
         self.started = time.monotonic()
+        self.progress: Any = lambda: ""  # a line on the agent's progress, added to each action's line
 
     def say(self, text: str) -> None:
         print(f"[{time.monotonic() - self.started:7.1f}s] {text}", flush=True)
@@ -92,7 +93,7 @@ class Chaos:
             took = time.monotonic()
             detail = await getattr(self, action)()
             self.done.append(action)
-            self.say(f"{action}: {detail} ({time.monotonic() - took:.1f}s)")
+            self.say(f"{action}: {detail} ({time.monotonic() - took:.1f}s); {self.progress()}")
 
     async def pubsub_kill(self) -> str:
         killed = await anyio.to_thread.run_sync(lambda: self.redis.client().client_kill_filter(_type="pubsub"))
@@ -115,7 +116,7 @@ class Chaos:
         return f"Redis {signal.Signals(sig).name}, back on port {self.redis.port} in {time.monotonic() - down:.1f}s"
 
     async def daemon_sigkill(self) -> str:
-        daemon = self.daemons[len(self.done) % len(self.daemons)]
+        daemon = self.daemons[self.done.count("daemon_sigkill") % len(self.daemons)]  # each in turn
         daemon.kill()
         await anyio.sleep(0.3)
         daemon.start()
@@ -128,10 +129,10 @@ def stored(server: ChaosRedis, session_id: str) -> list[tuple[int, str | None]]:
     """(seq, id) of every stored event of the session, in seq order."""
     client, key = server.client(), session_keys(NAMESPACE, session_id).events
     found: list[tuple[int, str | None]] = []
-    total = client.zcard(key)
+    total: int = client.zcard(key)
     for start in range(0, total, 10_000):
-        for member, score in client.zrange(key, start, start + 9_999, withscores=True):
-            found.append((int(score), json.loads(member).get("id")))
+        page: list[tuple[str, float]] = client.zrange(key, start, start + 9_999, withscores=True)  # type: ignore[assignment]
+        found += [(int(score), json.loads(member).get("id")) for member, score in page]
     return found
 
 
@@ -202,6 +203,7 @@ async def drive(opts: argparse.Namespace, redis: ChaosRedis, daemons: list[Daemo
     watchers = [Watcher(f"{d.name}-{i}", d.url, token, session_id) for d in daemons for i in range(opts.subscribers)]
     agent = Agent([d.url for d in daemons], token, session_id, opts)
     chaos, stop = Chaos(opts, redis, daemons, watchers), anyio.Event()
+    chaos.progress = lambda: f"{len(agent.acked)} acked, subscribers at {[w.last_seq for w in watchers]}"
     async with anyio.create_task_group() as tg:
         for watcher in watchers:
             tg.start_soon(watcher.run)

@@ -45,8 +45,8 @@ class ChaosRedis(EmbeddedRedis):
         return [*super().argv(), "--appendfsync", self.fsync]
 
     def client(self) -> redis.Redis:
-        """A synchronous client over loopback TCP (the daemons use the same URL)."""
-        return redis.Redis.from_url(self.tcp_url, socket_timeout=10)
+        """A synchronous client over loopback TCP (the daemons use the same URL); replies decoded."""
+        return redis.Redis.from_url(self.tcp_url, socket_timeout=10, decode_responses=True)
 
     def kill(self, sig: int) -> None:
         """Send `sig` and wait for the process to end (a SIGTERM lets Redis fsync the AOF and exit)."""
@@ -62,9 +62,8 @@ class ChaosRedis(EmbeddedRedis):
 
     def applied_fsync(self) -> str:
         """The appendfsync Redis runs with, as it reports it."""
-        reply = self.client().config_get("appendfsync")
-        value = reply.get("appendfsync") or reply.get(b"appendfsync") or b"?"
-        return value.decode() if isinstance(value, bytes) else str(value)
+        reply: dict[str, str] = self.client().config_get("appendfsync")  # type: ignore[assignment]
+        return reply.get("appendfsync", "?")
 
 
 class DaemonProc:

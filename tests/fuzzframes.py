@@ -155,6 +155,7 @@ def deep_nesting(rng: random.Random, t: Target) -> Frame:
 
 def huge_batch(rng: random.Random, t: Target) -> Frame:
     """emitBatch past the 500-event cap, or within it with one bad event: refused as a whole."""
+    events: list[dict[str, Any]]
     if rng.random() < 0.5:
         events = [{"type": "modified"}] * rng.randrange(501, 3_000)
     else:

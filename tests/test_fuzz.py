@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -140,7 +140,7 @@ def report(failures: Failures, sent: Counter[str]) -> str:
     return "\n".join(lines)
 
 
-def bad_logs(entries: list[dict[str, Any]], records: list[logging.LogRecord]) -> list[str]:
+def bad_logs(entries: list[MutableMapping[str, Any]], records: list[logging.LogRecord]) -> list[str]:
     """Errors and tracebacks logged by structlog (entries) or the standard library (records)."""
     found = [str(e)[:300] for e in entries if e.get("log_level") in ("error", "critical") or e.get("exc_info")]
     return found + [r.getMessage()[:300] for r in records if r.levelno >= logging.ERROR or r.exc_info]
