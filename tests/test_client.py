@@ -119,13 +119,33 @@ async def test_server_errors_raise_their_typed_exceptions(daemon: Daemon, namesp
         assert (await reader.get(sid))["session"]["seq"] == 0
 
 
-async def test_a_refused_token_raises_unauthorized(daemon: Daemon, namespace: str) -> None:
-    with pytest.raises(Unauthorized):
+async def test_a_refused_token_raises_unauthorized_with_the_servers_reason(daemon: Daemon, namespace: str) -> None:
+    with pytest.raises(Unauthorized) as forged:
         async with Client(url(daemon.port), "not-a-token"):
             pass
-    with pytest.raises(Unauthorized):
+    assert str(forged.value) == "handshake refused with HTTP 401: invalid token"
+    with pytest.raises(Unauthorized) as expired:
         async with Client(url(daemon.port), token("old", namespace, ttl=-10)):
             pass
+    assert str(expired.value) == "handshake refused with HTTP 401: token expired"
+
+
+async def test_a_token_expiring_closes_with_4001_and_the_client_goes_on_with_a_fresh_one(daemon: Daemon,
+                                                                                         namespace: str) -> None:
+    issued: list[str] = []
+
+    def fresh() -> str:
+        issued.append(token("brief", namespace, ttl=2))
+        return issued[-1]
+
+    async with Client(url(daemon.port), fresh) as brief:
+        sid = (await brief.create_session())["sessionId"]
+        with anyio.fail_after(8):
+            while brief.reconnects < 1:
+                await anyio.sleep(0.05)
+        assert brief.last_close_code == 4001
+        assert (await brief.get(sid, limit=1))["session"]["seq"] == 0
+    assert len(issued) >= 2
 
 
 async def wait_seq(c: Client, sid: str, seq: int) -> None:

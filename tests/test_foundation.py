@@ -71,6 +71,21 @@ async def test_websocket_without_valid_token_is_refused_with_401(daemon: Daemon,
     assert refused.value.response.status_code == 401
 
 
+@pytest.mark.parametrize(("claims", "reason"), [
+    ({"sub": "agent-a", "scope": "admin"}, "invalid token: no 'ns' claim"),
+    ({"ns": "default", "scope": "admin"}, "invalid token: no 'sub' claim"),
+])
+async def test_a_token_without_ns_or_sub_is_refused_naming_the_claim(daemon: Daemon, claims: dict[str, str],
+                                                                      reason: str) -> None:
+    forged = jwt.encode({**claims, "exp": 2**33}, SECRET, algorithm="HS256")
+    headers = {"Authorization": f"Bearer {forged}"}
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(f"ws://127.0.0.1:{daemon.port}/ws", additional_headers=headers):
+            pass
+    assert refused.value.response.status_code == 401
+    assert json.loads(refused.value.response.body) == {"error": reason}
+
+
 async def test_token_in_query_string_is_accepted(daemon: Daemon) -> None:
     async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={token('agent-q')}") as ws:
         await ws.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "no.such"}))

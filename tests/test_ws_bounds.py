@@ -163,13 +163,18 @@ async def test_live_frames_held_during_a_replay_count_against_the_buffer(backend
 
 async def test_a_frame_over_half_the_buffer_does_not_wedge_a_replay(backend_urls: Endpoints, tmp_path: Path,
                                                                      namespace: str) -> None:
-    """Events of 60 KB with a 64 KiB buffer: a replay delivers every one to a client that reads."""
+    """Events of 38 KB and 62 KB (frames over half and near all of a 64 KiB buffer): a replay delivers them all."""
     async with running(make_settings(backend_urls, tmp_path, ws_send_buffer=SMALL_BUFFER)) as daemon:
-        sid = await fill(daemon.port, namespace, 6, 60_000)
         async with rpc(daemon.port, token("reader", namespace)) as peer:
+            sid = (await peer.call("session.create", {}))["sessionId"]
+            for count in (150, 240, 150, 240):
+                entities = [f"{i:03d}" + "e" * 252 for i in range(count)]
+                await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified",
+                                                                           "changeInfo": {"entityIds": entities}}})
             await peer.call("session.subscribe", {"sessionId": sid, "since": 0})
-            seqs = [(await peer.notification("session.event"))["params"]["seq"] for _ in range(6)]
-        assert seqs == [1, 2, 3, 4, 5, 6]
+            events = [(await peer.notification("session.event"))["params"] for _ in range(4)]
+        assert [e["seq"] for e in events] == [1, 2, 3, 4]
+        assert [len(e["event"]["changeInfo"]["entityIds"]) for e in events] == [150, 240, 150, 240]
 
 
 async def test_unsubscribe_stops_an_inflight_replay_at_once(backend_urls: Endpoints, tmp_path: Path,
@@ -267,7 +272,7 @@ async def test_a_client_that_hangs_up_before_its_replies_logs_no_traceback(daemo
     sid = await fill(daemon.port, namespace, 200, 2000)
     caplog.set_level("DEBUG")
     for _ in range(10):
-        reader, writer = await raw_client(daemon.port, token("rude", namespace))
+        _, writer = await raw_client(daemon.port, token("rude", namespace))
         for i in range(20):
             writer.write(masked(request("session.get", {"sessionId": sid}, i)))
         await writer.drain()

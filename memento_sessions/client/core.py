@@ -38,6 +38,16 @@ from memento_sessions.logs import get_logger
 log = get_logger("memento_sessions.client")  # the logger name the client had as one module
 
 
+def refusal_reason(body: bytes | bytearray | None) -> str:
+    """The reason the daemon gave for refusing a handshake (its `{"error": ...}` body), else the body as text."""
+    text = (body or b"").decode("utf-8", "replace").strip()
+    try:
+        reason = json.loads(text).get("error")
+    except (ValueError, AttributeError):
+        reason = None
+    return str(reason) if reason else (text[:200] or "no reason given")
+
+
 class Client(Methods):
     """An async client of one daemon's `/ws`: `async with Client(url, token) as client: ...`."""
 
@@ -92,7 +102,8 @@ class Client(Methods):
                                  open_timeout=self._timeout)
         except InvalidStatus as exc:
             if exc.response.status_code in (401, 403):
-                raise Unauthorized(f"handshake refused with HTTP {exc.response.status_code}") from exc
+                raise Unauthorized(f"handshake refused with HTTP {exc.response.status_code}: "
+                                   f"{refusal_reason(exc.response.body)}") from exc
             raise
 
     async def _supervise(self, ws: ClientConnection) -> None:
