@@ -10,12 +10,45 @@ import anyio
 
 from memento_sessions import __version__
 from memento_sessions.auth import DEFAULT_SCOPE, SCOPES, issue_token
-from memento_sessions.embedded.datadir import DataDirLocked, auth_secret
+from memento_sessions.embedded.datadir import DataDirLocked, existing_auth_secret
 from memento_sessions.errors import ConfigError, MementoError
 from memento_sessions.logs import configure_logging
 from memento_sessions.settings import Settings, load_settings
 
 Command = Callable[[argparse.Namespace, Settings], int]
+RAW = argparse.RawDescriptionHelpFormatter
+DATA_DIR_HELP = ("data directory of the running daemon whose embedded servers to probe (MEMENTO_DATA_DIR, "
+                 "default ./.memento); not needed when MEMENTO_REDIS_URL and MEMENTO_POSTGRES_DSN are set")
+MAIN_EPILOG = """\
+quick start:
+  memento-sessions serve &                         # embedded Redis+FalkorDB and Postgres in ./.memento
+  export MEMENTO_TOKEN=$(memento-sessions token --agent planner)
+  memento-sessions check                           # exit 0 when every backend answers
+
+`memento-sessions COMMAND --help` tells more about each command.
+"""
+SERVE_EPILOG = """\
+Without MEMENTO_REDIS_URL (and MEMENTO_POSTGRES_DSN) the daemon runs its own redis-server with
+FalkorDB and its own Postgres under the data dir, on loopback only and behind generated passwords
+(kept 0600 in the data dir). MEMENTO_POSTGRES_DSN=off runs without failure snapshots.
+SIGTERM or Ctrl-C stops it gracefully.
+
+examples:
+  memento-sessions serve
+  MEMENTO_REDIS_URL=redis://:pw@falkordb:6379/0 MEMENTO_POSTGRES_DSN=postgresql://... memento-sessions serve
+"""
+TOKEN_EPILOG = """\
+Run it where the daemon runs (or pass its --data-dir): it refuses when it finds no daemon's secret,
+rather than printing a token the daemon would reject.
+
+examples:
+  memento-sessions token --agent planner
+  memento-sessions token --agent ci-bot --namespace team-a --scope sessions:read --ttl 3600
+"""
+CHECK_EPILOG = """\
+example (a container's health check):
+  memento-sessions check --data-dir /var/lib/memento || exit 1
+"""
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -35,13 +68,30 @@ def event_loop_options() -> dict[str, object]:
 
 
 def _token(args: argparse.Namespace, settings: Settings) -> int:
-    secret = settings.auth_secret or auth_secret(settings.data_dir)
+    secret = settings.auth_secret or existing_auth_secret(settings.data_dir)
+    if secret is None:
+        # a secret made up here would sign tokens that no daemon accepts
+        print(f"memento-sessions token: no daemon's data dir at {settings.data_dir.resolve()} (it has no "
+              "auth_secret); run this where `memento-sessions serve` runs, pass its --data-dir, or set "
+              "MEMENTO_AUTH_SECRET to the daemon's secret", file=sys.stderr)
+        return 2
     try:
         print(issue_token(secret, args.agent, args.namespace, " ".join(args.scope), args.ttl))
     except ValueError as exc:
         print(f"memento-sessions token: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def _ttl(value: str) -> int:
+    """--ttl: a whole, positive number of seconds (a token that is born expired is a mistake)."""
+    try:
+        seconds = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of seconds") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {seconds}")
+    return seconds
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> int:
@@ -53,32 +103,53 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command and its --help."""
     parser = argparse.ArgumentParser(
-        prog="memento-sessions",
+        prog="memento-sessions", formatter_class=RAW, epilog=MAIN_EPILOG,
         description="Real-time coordination daemon for swarms of AI agents. "
         "Configuration comes from MEMENTO_* environment variables (and .env); see the README.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    serve = sub.add_parser("serve", help="run the daemon (starts embedded Redis+FalkorDB and Postgres "
-                           "unless MEMENTO_REDIS_URL / MEMENTO_POSTGRES_DSN are set)")
-    serve.add_argument("--host", help="listen address (MEMENTO_HOST, default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="listen port (MEMENTO_PORT, default 8765; 0 picks a free one)")
-    serve.add_argument("--data-dir", help="data directory of the embedded servers (MEMENTO_DATA_DIR)")
-    serve.set_defaults(func=_serve)
-    token = sub.add_parser("token", help="print a signed token (JWT) for an agent")
-    token.add_argument("--agent", required=True, help="agent id, the token's subject")
-    token.add_argument("--namespace", default="default", help="tenant namespace (default: default)")
-    token.add_argument("--scope", nargs="+", default=DEFAULT_SCOPE.split(), choices=SCOPES,
-                       help=f"scopes (default: {DEFAULT_SCOPE})")
-    token.add_argument("--ttl", type=int, default=86400, help="lifetime in seconds (default 86400)")
-    token.add_argument("--data-dir", help="data directory holding the generated secret")
-    token.set_defaults(func=_token)
-    check = sub.add_parser("check", help="exit 0 when every backend answers, 1 otherwise (for probes)")
-    check.add_argument("--data-dir", help="data directory of a running daemon's embedded servers")
+    _add_serve(sub)
+    _add_token(sub)
+    check = sub.add_parser("check", help="exit 0 when every backend answers, 1 otherwise (for probes)",
+                           description="Probe Redis, FalkorDB and Postgres once and print one line each; "
+                           "exit 0 when all answer, 1 when one does not, 2 when no daemon or URL is found.",
+                           epilog=CHECK_EPILOG, formatter_class=RAW)
+    check.add_argument("--data-dir", help=DATA_DIR_HELP)
     check.set_defaults(func=_check)
     for register in _extra_commands():
         register(sub)
     return parser
+
+
+def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    serve = sub.add_parser("serve", help="run the daemon (starts embedded Redis+FalkorDB and Postgres "
+                           "unless MEMENTO_REDIS_URL / MEMENTO_POSTGRES_DSN are set)",
+                           description="Run the daemon: WebSocket JSON-RPC on /ws, MCP on /mcp, /metrics, "
+                           "/healthz and /readyz, all on one port.", epilog=SERVE_EPILOG, formatter_class=RAW)
+    serve.add_argument("--host", help="listen address (MEMENTO_HOST, default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (MEMENTO_PORT, default 8765; 0 picks a free one)")
+    serve.add_argument("--data-dir", help="data directory of the embedded servers and of the token secret "
+                       "(MEMENTO_DATA_DIR, default ./.memento)")
+    serve.set_defaults(func=_serve)
+
+
+def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    token = sub.add_parser("token", help="print a signed token (JWT) for an agent",
+                           description="Print a token (JWT) signed with the daemon's secret: MEMENTO_AUTH_SECRET, "
+                           "else the one the daemon generated in its data dir.", epilog=TOKEN_EPILOG,
+                           formatter_class=RAW)
+    token.add_argument("--agent", required=True, help="agent id, the token's subject (1..128 chars of "
+                       "[A-Za-z0-9._:-])")
+    token.add_argument("--namespace", default="default", help="tenant namespace the token is confined to "
+                       "(default: default)")
+    token.add_argument("--scope", nargs="+", default=DEFAULT_SCOPE.split(), choices=SCOPES, metavar="SCOPE",
+                       help=f"one or more of {', '.join(SCOPES)} (default: {DEFAULT_SCOPE})")
+    token.add_argument("--ttl", type=_ttl, default=86400, metavar="SECONDS",
+                       help="lifetime in seconds, more than 0 (default 86400: one day)")
+    token.add_argument("--data-dir", help="the daemon's data directory, where its secret is (MEMENTO_DATA_DIR, "
+                       "default ./.memento)")
+    token.set_defaults(func=_token)
 
 
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:

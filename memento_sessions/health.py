@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import anyio
 
-from memento_sessions.backends import Backends
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS, BACKEND_UP
+
+if TYPE_CHECKING:  # the daemon imports this module before the backends' drivers (see daemon.py)
+    from memento_sessions.backends import Backends
 
 log = get_logger(__name__)
 PROBE_INTERVAL = 0.25

@@ -12,20 +12,29 @@ import argparse
 import anyio
 
 from memento_sessions.auth import AuthError, Identity, verify_token
-from memento_sessions.backends import open_backends
-from memento_sessions.embedded.datadir import auth_secret
+from memento_sessions.embedded.datadir import existing_auth_secret
 from memento_sessions.endpoints import resolve
 from memento_sessions.errors import ConfigError
-from memento_sessions.mcp_server import build_server
-from memento_sessions.services import open_services
 from memento_sessions.settings import Settings
+
+EPILOG = """\
+An MCP client's configuration, for example:
+  {"command": "memento-sessions", "args": ["mcp", "--data-dir", "/path/to/.memento"],
+   "env": {"MEMENTO_TOKEN": "<the output of memento-sessions token --agent my-agent>"}}
+The daemon (`memento-sessions serve`) must be running on that data dir, unless MEMENTO_REDIS_URL
+and MEMENTO_POSTGRES_DSN point at the backends.
+"""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `mcp` sub-command."""
     mcp = sub.add_parser("mcp", help="serve the MCP tools on stdin/stdout as the agent of MEMENTO_TOKEN "
-                         "(for MCP clients that spawn their servers)")
-    mcp.add_argument("--data-dir", help="data directory of a running daemon whose embedded servers to use")
+                         "(for MCP clients that spawn their servers)", epilog=EPILOG,
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         description="Serve the MCP tools over stdio, as the agent whose token is in "
+                         "MEMENTO_TOKEN, on the same data as the running daemon.")
+    mcp.add_argument("--data-dir", help="data directory of the running daemon whose embedded servers to use "
+                     "(MEMENTO_DATA_DIR, default ./.memento)")
     mcp.set_defaults(func=run)
 
 
@@ -39,14 +48,22 @@ def caller(settings: Settings) -> Identity:
     """The identity of MEMENTO_TOKEN; raises ConfigError when it is missing or not valid."""
     if not settings.token:
         raise ConfigError("MEMENTO_TOKEN is not set (print one with `memento-sessions token --agent ID`)")
+    secret = settings.auth_secret or existing_auth_secret(settings.data_dir)
+    if secret is None:
+        raise ConfigError(f"no MEMENTO_AUTH_SECRET set and no daemon's secret in {settings.data_dir.resolve()} "
+                          "(pass the daemon's --data-dir, or set MEMENTO_AUTH_SECRET as the daemon has it)")
     try:
-        return verify_token(settings.auth_secret or auth_secret(settings.data_dir), settings.token)
+        return verify_token(secret, settings.token)
     except AuthError as exc:
         raise ConfigError(f"invalid MEMENTO_TOKEN: {exc}") from None
 
 
 async def serve_stdio(settings: Settings, identity: Identity) -> None:
     """The daemon's backends and services, with the tools on stdio as `identity`."""
+    from memento_sessions.backends import open_backends  # heavy (drivers, MCP SDK): not for other commands
+    from memento_sessions.mcp_server import build_server
+    from memento_sessions.services import open_services
+
     endpoints = resolve(settings)
     async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends, \
             open_services(settings, backends, endpoints.redis_url) as services:

@@ -90,7 +90,7 @@ class EmbeddedRedis(ChildServer):
         client = redis.Redis(port=self.port, password=self.password, socket_timeout=PROBE_TIMEOUT,
                              socket_connect_timeout=PROBE_TIMEOUT, decode_responses=True)
         try:
-            info = client.execute_command("INFO", "server", "persistence")
+            info = {**client.info("server"), **client.info("persistence")}
         except (redis.RedisError, OSError):
             return False  # not up yet, or a foreign server on the port (it refuses our password)
         finally:
@@ -105,7 +105,7 @@ async def compact_aof(client: AsyncRedis) -> str:
     rewritten AOF holds the graphs as an RDB preamble instead, which loads in a fraction of that.
     Returns Redis's status of the rewrite ("ok" or "err").
     """
-    await client.execute_command("BGREWRITEAOF")
+    await client.bgrewriteaof()
     with anyio.fail_after(COMPACT_TIMEOUT):
         while True:
             info = await client.info("persistence")

@@ -1,4 +1,8 @@
-"""`memento-sessions kg load FILE` and `memento-sessions prune`, run against the configured backends."""
+"""`memento-sessions kg load FILE` and `memento-sessions prune`, run against the configured backends.
+
+The drivers and the loader are imported when a command runs, not when the parser is built: every
+other command (and `--help`) starts without them.
+"""
 
 from __future__ import annotations
 
@@ -6,31 +10,58 @@ import argparse
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
 
-from memento_sessions.backends import UNAVAILABLE, open_backends
-from memento_sessions.checkpoints.retention import PruneReport, prune
 from memento_sessions.endpoints import resolve
-from memento_sessions.kg.graph import Graphs
-from memento_sessions.kg.loader import BATCH, BadRecord, EdgeRecord, NodeRecord, load_file, upsert
 from memento_sessions.settings import Settings
 
+if TYPE_CHECKING:
+    from redis.asyncio import Redis as AsyncRedis
+
+    from memento_sessions.checkpoints.retention import PruneReport
+    from memento_sessions.kg.loader import EdgeRecord, NodeRecord
+
 NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as in tokens (auth.py)
+RAW = argparse.RawDescriptionHelpFormatter
+DATA_DIR_HELP = ("data directory of the running daemon whose embedded servers to use (default: MEMENTO_DATA_DIR "
+                 "or ./.memento); not needed when MEMENTO_REDIS_URL and MEMENTO_POSTGRES_DSN are set")
+LOAD_EPILOG = """\
+Each line is one record:
+  {"node": {"id": "src/app.py::main", "labels": ["Symbol"], "props": {"name": "main"}}}
+  {"edge": {"from": "tests/test_app.py::test_main", "to": "src/app.py::main", "type": "TESTS"}}
+The whole file is checked first: a bad line exits 1 with its number and nothing is written.
+Nodes merge by id, so loading the same file twice changes nothing. After a load into the embedded
+Redis, its append-only file is rewritten so that the daemon's next start stays fast.
+
+example:
+  memento-sessions kg load graph.jsonl --namespace team-a
+"""
+PRUNE_EPILOG = """\
+The daemon runs both jobs on its own (once an hour, on one daemon of a cluster); this runs them now:
+KG anchors older than MEMENTO_ANCHOR_MAX_AGE_DAYS (and stub entities no longer linked), and
+failure-snapshot partitions older than MEMENTO_SNAPSHOT_MAX_AGE_DAYS. Exit 1 if a backend is down.
+"""
+
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `kg` and `prune` sub-commands."""
-    kg = sub.add_parser("kg", help="the codebase knowledge graph in FalkorDB")
+    kg = sub.add_parser("kg", help="the codebase knowledge graph in FalkorDB (kg load FILE)",
+                        description="Commands on the codebase knowledge graph kept in FalkorDB.")
     kg_sub = kg.add_subparsers(dest="kg_command", required=True, metavar="COMMAND")
     load = kg_sub.add_parser("load", help="load nodes and edges from a JSON Lines file (nothing is written "
-                             "if any line is bad)")
+                             "if any line is bad)", description="Load nodes and edges into a namespace's "
+                             "knowledge graph.", epilog=LOAD_EPILOG, formatter_class=RAW)
     load.add_argument("file", type=Path, help='JSON Lines: {"node": {...}} or {"edge": {...}} per line')
-    load.add_argument("--namespace", default="default", type=_namespace, help="namespace (default: default)")
-    load.add_argument("--data-dir", help="data directory of a running daemon's embedded servers")
+    load.add_argument("--namespace", default="default", type=_namespace,
+                      help="tenant namespace whose graph to load into (default: default)")
+    load.add_argument("--data-dir", help=DATA_DIR_HELP)
     load.set_defaults(func=kg_load)
     pruner = sub.add_parser("prune", help="run the retention jobs once now: old KG anchors and old "
-                            "failure-snapshot partitions")
-    pruner.add_argument("--data-dir", help="data directory of a running daemon's embedded servers")
+                            "failure-snapshot partitions", description="Run the retention jobs once and "
+                            "print what they removed.", epilog=PRUNE_EPILOG, formatter_class=RAW)
+    pruner.add_argument("--data-dir", help=DATA_DIR_HELP)
     pruner.set_defaults(func=prune_now)
 
 
@@ -42,6 +73,9 @@ def _namespace(value: str) -> str:
 
 def kg_load(args: argparse.Namespace, settings: Settings) -> int:
     """Validate the whole file, then upsert it; a bad line exits 1 with its number."""
+    from memento_sessions.backends import UNAVAILABLE
+    from memento_sessions.kg.loader import BadRecord, load_file
+
     try:
         nodes, edges = load_file(args.file)
     except (BadRecord, OSError, UnicodeDecodeError) as exc:
@@ -57,14 +91,31 @@ def kg_load(args: argparse.Namespace, settings: Settings) -> int:
 
 async def _load(settings: Settings, namespace: str, nodes: list[NodeRecord],
                 edges: list[EdgeRecord]) -> tuple[int, int]:
+    from memento_sessions.backends import open_backends
+    from memento_sessions.kg.graph import Graphs
+    from memento_sessions.kg.loader import BATCH, upsert
+
     endpoints = resolve(settings)
     async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends:
         graph = await Graphs(backends).get(namespace)
         show = _progress if len(nodes) + len(edges) > 2 * BATCH else None
         counts = await upsert(graph, nodes, edges, show)
+        if settings.redis_url is None:
+            await _compact(backends.redis)
     if show is not None:
         print(file=sys.stderr)
     return counts
+
+
+async def _compact(redis: AsyncRedis) -> None:
+    """Rewrite the embedded Redis's AOF, so that its next start loads the graph fast (a Redis of one's own,
+    configured by URL, is left to its operator)."""
+    from memento_sessions.embedded.redis import compact_aof
+
+    status = await compact_aof(redis)
+    if status != "ok":
+        print(f"memento-sessions kg load: rewriting the append-only file failed ({status}); the next start of "
+              "the embedded Redis replays the load and takes longer", file=sys.stderr)
 
 
 def _progress(done: int, total: int) -> None:
@@ -74,6 +125,8 @@ def _progress(done: int, total: int) -> None:
 
 def prune_now(args: argparse.Namespace, settings: Settings) -> int:
     """Run both retention jobs once and print what they removed."""
+    from memento_sessions.backends import UNAVAILABLE
+
     try:
         report = anyio.run(_prune, settings)
     except UNAVAILABLE as exc:
@@ -91,6 +144,9 @@ def _unavailable(command: str, exc: BaseException) -> int:
 
 
 async def _prune(settings: Settings) -> PruneReport:
+    from memento_sessions.backends import open_backends
+    from memento_sessions.checkpoints.retention import prune
+
     endpoints = resolve(settings)
     async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends:
         return await prune(backends, None, settings)
