@@ -216,7 +216,8 @@ def floor_args(env: Env, sid: str, count: int = 1) -> tuple[list[str], list[str 
     """The exact FCALL ms_emit keys and args the manager sends for PAYLOAD."""
     event = EventIn.model_validate(PAYLOAD)
     stamp = iso(now_ms())
-    args: list[str | int] = [now_ms(), "bench", keys.session_channel(env.namespace, sid), json.dumps(sid)]
+    args: list[str | int] = [now_ms(), "bench", keys.session_channel(env.namespace, sid), json.dumps(sid),
+                             env.manager().settings.session_max_events]
     for _ in range(count):
         args += ["", event.new_state(), event_body(event, "bench", json.dumps(sid), stamp)]
     return keys.session_keys(env.namespace, sid).all(), args

@@ -16,7 +16,7 @@ from typing import Any
 from memento_sessions.backends import Backends
 from memento_sessions.bridge import advice
 from memento_sessions.bridge.archive import Anchor, Record, read_archive, read_breaks, read_live, session_anchors, stamp
-from memento_sessions.bridge.cache import EventCache, Hint
+from memento_sessions.bridge.cache import DEFAULT_BYTES, EventCache, Hint
 from memento_sessions.bridge.context import Context, TransitionContext
 from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT
@@ -45,10 +45,11 @@ def timed(query: str) -> Iterator[None]:
 class SessionBridge:
     """transitions, isolate, handoff and outcomes over one daemon's manager and backends."""
 
-    def __init__(self, manager: SessionManager, backends: Backends, cache_events: int = 0) -> None:
+    def __init__(self, manager: SessionManager, backends: Backends, cache_events: int = 0,
+                 cache_bytes: int = DEFAULT_BYTES) -> None:
         self.manager = manager
         self.backends = backends
-        self.cache = EventCache(cache_events)
+        self.cache = EventCache(cache_events, cache_bytes)
         self.graphs = NamespaceGraphs(backends)
         self.snapshots = Snapshots(backends.postgres)
 
