@@ -1,12 +1,18 @@
-"""The embedded servers' start-up: a port taken between picking and binding, a foreign server on it."""
+"""The embedded servers: start-up (a port taken meanwhile, a foreign server on it), passwords, file modes."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
+import time
 from pathlib import Path
 
+import anyio
+import asyncpg
+import pytest
 import redis
 
+from memento_sessions.embedded.process import as_user
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints
 
@@ -70,3 +76,110 @@ def test_a_foreign_postgres_on_our_port_is_not_taken_for_ours(tmp_path: Path, ba
         assert (lines[3].strip(), lines[7].strip()) == (str(server.port), "ready")
     finally:
         server.stop()
+
+
+def owner_only(directory: Path) -> dict[str, str]:
+    """Every path under `directory` that another user could read, write or enter, with its mode."""
+    return {str(path.relative_to(directory)): oct(path.lstat().st_mode & 0o777)
+            for path in directory.rglob("*") if path.lstat().st_mode & 0o077}
+
+
+def test_the_embedded_redis_requires_its_password_and_keeps_its_files_owner_only(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    try:
+        for url in (f"redis://127.0.0.1:{server.port}/0", f"unix://{server.socket_path}"):
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis.from_url(url).set("k", "v")
+        assert redis.Redis.from_url(server.url).set("k", "v")
+        password = (tmp_path / "redis" / "password").read_text()
+        assert len(password) == 48 and password == server.password
+        assert password.encode() not in Path(f"/proc/{server.proc.pid if server.proc else 0}/cmdline").read_bytes()
+        time.sleep(1.1)  # appendfsync everysec: the AOF files exist
+        assert list((tmp_path / "redis" / "appendonlydir").glob("*.aof"))
+        assert owner_only(tmp_path / "redis") == {}
+        assert (tmp_path / "redis").stat().st_mode & 0o777 == 0o700
+    finally:
+        server.stop()
+
+
+def test_the_embedded_redis_is_ready_only_once_its_aof_is_loaded(tmp_path: Path) -> None:
+    """Readiness waited for `loading:0`: right after start() every command works (no LOADING error)."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.start()
+    try:
+        pipe = redis.Redis.from_url(server.url).pipeline(transaction=False)
+        for i in range(10_000):
+            pipe.execute_command("GRAPH.QUERY", "g", f"CREATE (:N {{i: {i}}})")
+        pipe.execute()
+    finally:
+        server.stop()
+    again = EmbeddedRedis(tmp_path / "redis")
+    again.start()
+    try:
+        client = redis.Redis.from_url(again.url)
+        assert client.info("persistence")["loading"] == 0
+        assert client.execute_command("GRAPH.QUERY", "g", "MATCH (n:N) RETURN count(n)")[1] == [[10_000]]
+    finally:
+        again.stop()
+
+
+def test_the_embedded_postgres_asks_for_a_password_and_keeps_its_files_owner_only(tmp_path: Path) -> None:
+    from memento_sessions.embedded.postgres import EmbeddedPostgres
+
+    server = EmbeddedPostgres(tmp_path / "postgres")
+    server.start()
+    try:
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            anyio.run(fetch, f"postgresql://postgres@127.0.0.1:{server.port}/postgres", "SELECT 1")
+        assert anyio.run(fetch, server.url, "SELECT 1") == 1
+        assert "trust" not in (server.pgdata / "pg_hba.conf").read_text()
+        assert (tmp_path / "postgres" / "password").stat().st_mode & 0o777 == 0o600
+        assert owner_only(tmp_path / "postgres") == {}
+    finally:
+        server.stop()
+
+
+def test_the_embedded_postgres_changes_nothing_outside_its_directory(tmp_path: Path) -> None:
+    """As root it runs as `pgserver`, which cannot enter a 0700 home: it must get in without opening it."""
+    from memento_sessions.embedded.postgres import EmbeddedPostgres
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    before = {path: path.stat().st_mode for path in (tmp_path, home)}
+    server = EmbeddedPostgres(home / "project" / "postgres")
+    server.start()
+    try:
+        assert anyio.run(fetch, server.url, "SELECT 1") == 1
+    finally:
+        server.stop()
+    assert {path: path.stat().st_mode for path in (tmp_path, home)} == before
+    assert home.stat().st_mode & 0o777 == 0o700
+
+
+def test_a_cluster_made_with_trust_authentication_gets_a_password(tmp_path: Path) -> None:
+    """A data dir from an older version (initdb --auth=trust) is locked down at its next start."""
+    from memento_sessions.embedded.postgres import EmbeddedPostgres
+
+    server = EmbeddedPostgres(tmp_path / "postgres")
+    server.directory.mkdir(mode=0o700)
+    server._own_pgdata(server.run_as())
+    done = subprocess.run([str(server.bin / "initdb"), "-D", server.data_arg, "--auth=trust", "-U", "postgres",
+                           "--no-sync"], cwd=server.cwd(), capture_output=True, check=False, **as_user(server.run_as()))
+    assert done.returncode == 0, done.stdout
+    server.start()
+    try:
+        with pytest.raises(asyncpg.InvalidPasswordError):
+            anyio.run(fetch, f"postgresql://postgres@127.0.0.1:{server.port}/postgres", "SELECT 1")
+        assert anyio.run(fetch, server.url, "SELECT 1") == 1
+    finally:
+        server.stop()
+
+
+async def fetch(dsn: str, query: str) -> object:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(query)
+    finally:
+        await conn.close()
