@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 
 import asyncpg
@@ -27,9 +27,20 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 )
 
 
-def backend_of(exc: BaseException) -> str:
-    """Which backend an unavailability error came from, for the error metric."""
-    return "postgres" if isinstance(exc, asyncpg.PostgresError | asyncpg.InterfaceError) else "redis"
+# The same, once a driver error has been translated to ours.
+UNANSWERED: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable)
+
+
+@contextmanager
+def translated(backend: str) -> Iterator[None]:
+    """Turn a driver error meaning `backend` did not answer into BackendUnavailable("<backend>: ...").
+
+    FalkorDB is reached through the Redis driver, so its errors would read as Redis's without this.
+    """
+    try:
+        yield
+    except UNAVAILABLE as exc:
+        raise BackendUnavailable(f"{backend}: {exc}") from exc
 
 
 def redis_client(url: str) -> aioredis.Redis:

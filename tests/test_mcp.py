@@ -207,13 +207,9 @@ def dead_port() -> int:
         return int(probe.getsockname()[1])
 
 
-FALKORDB_UNWRAPPED = pytest.mark.xfail(strict=True, reason="kg/graph.py and bridge/graph.py do not yet wrap FalkorDB "
-                                      "errors in BackendUnavailable('falkordb: ...'), so they read as Redis")
-
-
 @pytest.mark.parametrize(("backend", "name", "override"), [
     ("postgres", "Postgres", "postgres_dsn"), ("redis", "Redis", "redis_url"),
-    pytest.param("falkordb", "FalkorDB", "falkordb_url", marks=FALKORDB_UNWRAPPED)])
+    ("falkordb", "FalkorDB", "falkordb_url")])
 async def test_an_unavailable_backend_is_named_to_clients_and_detailed_only_in_the_log(
         backend_urls: Endpoints, tmp_path: Path, namespace: str, backend: str, name: str, override: str) -> None:
     port = dead_port()

@@ -13,7 +13,7 @@ from typing import Any
 from falkordb.helpers import stringify_param_value
 from redis.exceptions import ResponseError
 
-from memento_sessions.backends import Backends
+from memento_sessions.backends import Backends, translated
 from memento_sessions.kg.graph import Graphs
 
 Row = list[Any]
@@ -33,8 +33,9 @@ class NamespaceGraphs:
             return []
         header = "CYPHER " + " ".join(f"{key}={stringify_param_value(value)}" for key, value in params.items())
         try:
-            reply = await self.backends.falkordb.connection.execute_command(
-                "GRAPH.RO_QUERY", graph.name, f"{header} {query}", "--compact")
+            with translated("falkordb"):
+                reply = await self.backends.falkordb.connection.execute_command(
+                    "GRAPH.RO_QUERY", graph.name, f"{header} {query}", "--compact")
         except ResponseError as exc:
             if "empty key" not in str(exc):
                 raise

@@ -231,18 +231,18 @@ class Checkpointer:
         return {"snapshotId": snapshot_id}
 
     async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary, broken: bool) -> None:
-        graph = await self.graphs.get(namespace)
         # The snapshot row is named by its checkpoint id, known before the row exists (or while it is retried).
         ref = snapshot_ref(cp_id) if broken and self.backends.postgres.enabled else None
         for attempt in range(3):
             try:
+                graph = await self.graphs.get(namespace)
                 links = await write_anchor(graph, cp_id, session_id, summary, datetime.now(UTC),
                                            self.settings.anchor_cap, ref)
                 KG_ANCHORS_WRITTEN.inc(links)
                 return
-            except UNAVAILABLE as exc:
+            except BackendUnavailable:
                 if attempt == 2:
-                    raise BackendUnavailable(f"falkordb: {exc}") from exc
+                    raise
                 await anyio.sleep(0.05 * 2**attempt)
 
     async def _mark(self, namespace: str, session_id: str, cp_id: str, seq: int, result: dict[str, Any],

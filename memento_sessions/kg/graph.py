@@ -1,7 +1,7 @@
 """A namespace's knowledge graph, with its indexes created once per graph per process.
 
-`CodebaseEntity` is the base label of every KG node (blueprint 001 hangs clusters, specs and benchmarks
-on it), so one index on `CodebaseEntity.id` finds any node by id, and anchors attach to loaded nodes.
+`CodebaseEntity` is the base label of every KG node (clusters, specs and benchmarks hang on it too), so
+one index on `CodebaseEntity.id` finds any node by id, and anchors attach to loaded nodes.
 """
 
 from __future__ import annotations
@@ -12,9 +12,7 @@ import anyio
 from falkordb.asyncio import FalkorDB
 from redis.exceptions import ResponseError
 
-from memento_sessions.backends import Backends
-
-Graph = Any  # falkordb.asyncio.AsyncGraph; the falkordb package ships no type information
+from memento_sessions.backends import Backends, translated
 
 Label = Literal["CodebaseEntity", "SemanticCluster", "Spec", "Benchmark", "Test", "Symbol"]
 Relationship = Literal["MEMBER_OF_CLUSTER", "IMPLEMENTS_CLUSTER", "PERFORMS_FOR", "IMPACTS", "DEFINES", "TESTS",
@@ -31,6 +29,29 @@ CREATE_ANCHOR_INDEXES = (
     "CREATE INDEX FOR (a:SessionAnchor) ON (a.sessionId)",
 )
 LIST_GRAPHS = "GRAPH.LIST"
+
+
+class Graph:
+    """A namespace's FalkorDB graph whose driver errors surface as BackendUnavailable("falkordb: ...")."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner  # falkordb.asyncio.AsyncGraph; the falkordb package ships no type information
+        self.name: str = inner.name
+
+    async def query(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        """Run a Cypher statement."""
+        with translated("falkordb"):
+            return await self._inner.query(query, params)
+
+    async def ro_query(self, query: str, params: dict[str, Any] | None = None) -> Any:
+        """Run a read-only Cypher statement."""
+        with translated("falkordb"):
+            return await self._inner.ro_query(query, params)
+
+    async def delete(self) -> None:
+        """Delete the whole graph."""
+        with translated("falkordb"):
+            await self._inner.delete()
 
 
 async def ensure_indexes(graph: Graph) -> None:
@@ -59,7 +80,7 @@ class Graphs:
             async with self._lock:
                 graph = self._ready.get(name)
                 if graph is None:
-                    graph = self.backends.falkordb.select_graph(name)
+                    graph = Graph(self.backends.falkordb.select_graph(name))
                     await ensure_indexes(graph)
                     self._ready[name] = graph
         return graph
@@ -67,9 +88,11 @@ class Graphs:
     async def existing(self, namespace: str) -> Graph | None:
         """The graph of `namespace` if it exists, indexed; None otherwise (a read never creates a graph)."""
         name = self.backends.graph_name(namespace)
-        if name in self._ready or await self.backends.falkordb.connection.exists(name):
-            return await self.get(namespace)
-        return None
+        if name in self._ready:
+            return self._ready[name]
+        with translated("falkordb"):
+            found = await self.backends.falkordb.connection.exists(name)
+        return await self.get(namespace) if found else None
 
     def forget(self, namespace: str) -> None:
         """The graph was deleted: index it again if it comes back."""
@@ -78,8 +101,9 @@ class Graphs:
 
 async def namespaces(db: FalkorDB, prefix: str) -> list[str]:
     """The namespaces that have a graph: `<prefix>` is default, `<prefix>_<ns>` is ns."""
-    names = [name.decode() if isinstance(name, bytes) else str(name)
-             for name in await db.connection.execute_command(LIST_GRAPHS)]
+    with translated("falkordb"):
+        listed = await db.connection.execute_command(LIST_GRAPHS)
+    names = [name.decode() if isinstance(name, bytes) else str(name) for name in listed]
     found = {"default" if name == prefix else name.removeprefix(prefix + "_")
              for name in names if name == prefix or name.startswith(prefix + "_")}
     return sorted(found)
