@@ -113,6 +113,17 @@ def emit_over_ws(serve: Serve, session_id: str | None) -> tuple[str, int]:
     return anyio.run(go)
 
 
+def assert_locked_down(data_dir: Path, urls: dict[str, str]) -> None:
+    """Nothing in the data dir is open to other users; the servers want the passwords the URLs carry."""
+    opened = {str(path): oct(path.lstat().st_mode & 0o777) for path in [data_dir, *data_dir.rglob("*")]
+              if path.lstat().st_mode & 0o077}
+    assert opened == {}
+    assert (data_dir / "runtime.json").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(redis.AuthenticationError):
+        redis.Redis.from_url(urls["redis_url"].replace(f":{(data_dir / 'redis/password').read_text()}@", "")).ping()
+    assert f":{(data_dir / 'postgres/password').read_text()}@127.0.0.1:" in urls["postgres_dsn"]
+
+
 def test_readyz_follows_a_killed_embedded_redis(serve: Serve) -> None:
     wait_for(serve, 200, 60)
     session_id, seq = emit_over_ws(serve, None)
@@ -143,6 +154,7 @@ def test_sigterm_stops_everything_and_a_restart_reuses_the_data(serve: Serve, tm
 
     anyio.run(create_table)
     pids = [serve.pid_of("redis"), serve.pid_of("postgres")]
+    assert_locked_down(serve.data_dir, urls)
 
     second = Serve(serve.data_dir)
     assert second.proc.wait(timeout=60) == 2
