@@ -84,13 +84,13 @@ class EmbeddedPostgres(ChildServer):
             # an older version gave this directory to `pgserver`: the password file in it is ours alone
             os.chown(self.directory, os.geteuid(), os.getegid())
         self._own_pgdata(user)
+        kill_orphan(self.pgdata / "postmaster.pid", str(self.bin / "postgres"))
+        (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
         if not (self.pgdata / "PG_VERSION").exists():
             self._initdb(user)
         elif not self._hba_is_ours():
             self._set_password(user)  # a cluster made by an older version, with trust authentication
         self._write_hba()
-        kill_orphan(self.pgdata / "postmaster.pid", str(self.bin / "postgres"))
-        (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
 
     def _own_pgdata(self, user: str | None) -> None:
         """pgdata, 0700, owned by the user Postgres runs as; nothing outside it changes."""
