@@ -112,7 +112,9 @@ class Chaos:
     async def _restart_redis(self, sig: int) -> str:
         await anyio.to_thread.run_sync(self.redis.kill, sig)
         down = time.monotonic()
-        await anyio.to_thread.run_sync(self.redis.start)
+        # Started from this (the main) thread, not a worker: the child's parent-death signal fires when the
+        # thread that started it exits, and anyio ends worker threads that sit idle.
+        self.redis.start()
         return f"Redis {signal.Signals(sig).name}, back on port {self.redis.port} in {time.monotonic() - down:.1f}s"
 
     async def daemon_sigkill(self) -> str:
