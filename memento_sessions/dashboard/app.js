@@ -1,0 +1,670 @@
+// memento-sessions live dashboard: plain JS, no build step, talks only to the daemon's public /ws API.
+// Every update from the socket only changes state and asks for a frame; the DOM is touched once per
+// animation frame, and both long lists are virtual (a fixed budget of rows whatever their length).
+
+const TOKEN_KEY = "memento.token";
+const ROW = 26;            // px per row: the virtual lists place rows by index * ROW
+const OVERSCAN = 8;        // rows drawn above and below the viewport
+const LIST_PAGE = 500;     // session.list's largest page
+const MAX_PAGES = 100;     // a namespace holds at most MEMENTO_NAMESPACE_MAX_SESSIONS; stop well past any default
+const POLL_MS = 2000;      // sessions.watch announces creations and checkpoints only: states and seqs are polled
+const MAX_EVENTS = 100000; // timeline events kept in memory (MEMENTO_SESSION_MAX_EVENTS' default)
+const CHART_POINTS = 90;
+const $ = (sel) => document.querySelector(sel);
+
+// ---------------------------------------------------------------- token
+
+function takeToken() {
+  // A ?token= link works once: the token moves into this tab's sessionStorage and leaves the URL (and so the
+  // history, bookmarks and anything the address bar syncs) at once.
+  const url = new URL(location.href);
+  const given = url.searchParams.get("token");
+  if (given) {
+    sessionStorage.setItem(TOKEN_KEY, given);
+    url.searchParams.delete("token");
+    history.replaceState(null, "", url.pathname + url.search + url.hash);
+  }
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+function claims(token) {
+  try {
+    const part = token.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
+    return JSON.parse(atob(part + "=".repeat((4 - (part.length % 4)) % 4)));
+  } catch {
+    return {};
+  }
+}
+
+// ---------------------------------------------------------------- JSON-RPC over /ws
+
+class RpcError extends Error {
+  constructor(code, message, data) {
+    super(message);
+    this.code = code;
+    this.data = data;
+  }
+}
+
+class Rpc {
+  constructor(token, handlers) {
+    this.token = token;
+    this.handlers = handlers;
+    this.pending = new Map();
+    this.nextId = 1;
+    this.opened = false;
+  }
+
+  open() {
+    // Browsers cannot set an Authorization header on a WebSocket handshake, so the token goes in ?token=,
+    // which the daemon accepts on /ws only and never logs; use https (wss:) beyond localhost so the query
+    // is encrypted like a header would be. The page's own URL never carries it (see takeToken).
+    const scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    const ws = new WebSocket(`${scheme}//${location.host}/ws?token=${encodeURIComponent(this.token)}`);
+    this.ws = ws;
+    ws.onopen = () => { this.opened = true; this.handlers.onOpen(); };
+    ws.onmessage = (msg) => this.receive(msg.data);
+    ws.onclose = (ev) => { this.failAll(); this.handlers.onClose(ev.code, this.opened); };
+  }
+
+  call(method, params = {}) {
+    return new Promise((resolve, reject) => {
+      if (!this.ws || this.ws.readyState !== WebSocket.OPEN) {
+        reject(new RpcError(-1, "not connected"));
+        return;
+      }
+      const id = this.nextId++;
+      this.pending.set(id, { resolve, reject });
+      this.ws.send(JSON.stringify({ jsonrpc: "2.0", id, method, params }));
+    });
+  }
+
+  receive(text) {
+    let msg;
+    try { msg = JSON.parse(text); } catch { return; }
+    for (const one of Array.isArray(msg) ? msg : [msg]) {
+      if (one.method) this.handlers.onNotify(one.method, one.params || {});
+      else this.settle(one);
+    }
+  }
+
+  settle(reply) {
+    const waiter = this.pending.get(reply.id);
+    if (!waiter) return;
+    this.pending.delete(reply.id);
+    if (reply.error) waiter.reject(new RpcError(reply.error.code, reply.error.message, reply.error.data));
+    else waiter.resolve(reply.result);
+  }
+
+  failAll() {
+    for (const waiter of this.pending.values()) waiter.reject(new RpcError(-1, "connection closed"));
+    this.pending.clear();
+  }
+
+  close() {
+    if (!this.ws) return;
+    this.ws.onclose = null;
+    this.ws.close(1000);
+    this.failAll();
+  }
+}
+
+// ---------------------------------------------------------------- virtual list
+
+class VList {
+  // Draws only the rows in view (plus OVERSCAN): 10,000 items cost the same DOM as 30.
+  constructor(el, keyOf, fill) {
+    this.el = el;
+    this.keyOf = keyOf;
+    this.fill = fill;
+    this.items = [];
+    this.rows = new Map();
+    this.inner = document.createElement("div");
+    this.inner.className = "vinner";
+    el.appendChild(this.inner);
+    el.addEventListener("scroll", () => frame());
+  }
+
+  draw() {
+    const n = this.items.length;
+    this.inner.style.height = `${n * ROW}px`;
+    const top = this.el.scrollTop;
+    const height = this.el.clientHeight || 600;
+    const first = Math.max(0, Math.floor(top / ROW) - OVERSCAN);
+    const last = Math.min(n, Math.ceil((top + height) / ROW) + OVERSCAN);
+    const keep = new Set();
+    for (let i = first; i < last; i++) keep.add(this.place(this.items[i], i));
+    for (const [key, row] of this.rows) {
+      if (!keep.has(key)) { row.remove(); this.rows.delete(key); }
+    }
+  }
+
+  place(item, index) {
+    const key = this.keyOf(item);
+    let row = this.rows.get(key);
+    if (!row) {
+      row = document.createElement("div");
+      this.rows.set(key, row);
+      this.inner.appendChild(row);
+    }
+    row.style.transform = `translateY(${index * ROW}px)`;
+    if (row.item !== item) { row.item = item; this.fill(row, item); }
+    return key;
+  }
+
+  toBottom() { this.el.scrollTop = this.el.scrollHeight; }
+}
+
+function span(text, cls) {
+  const el = document.createElement("span");
+  el.textContent = text;
+  if (cls) el.className = cls;
+  return el;
+}
+
+function clock(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? String(iso) : d.toLocaleTimeString([], { hour12: false }) +
+    "." + String(d.getMilliseconds()).padStart(3, "0");
+}
+
+function ago(iso) {
+  const ms = Date.now() - new Date(iso).getTime();
+  if (!Number.isFinite(ms)) return "";
+  if (ms < 60000) return `${Math.max(0, Math.round(ms / 1000))}s ago`;
+  if (ms < 3600000) return `${Math.round(ms / 60000)}m ago`;
+  return `${Math.round(ms / 3600000)}h ago`;
+}
+
+// ---------------------------------------------------------------- state
+
+const app = {
+  token: null,
+  rpc: null,
+  attempt: 0,
+  retryTimer: 0,
+  pollTimer: 0,
+  sessions: new Map(),   // sessionId -> session view (replaced, never mutated, so rows redraw on change)
+  order: [],             // sessionIds newest first, as session.list gives them
+  filter: { state: "", status: "", agent: "" },
+  samples: [],           // {rate, broken} per poll, for the chart
+  lastPoll: null,        // {at, seqs} of the previous poll
+  lastFetch: new Map(),  // sessionId -> seq whose last event was asked for
+  detail: null,
+};
+
+function newDetail(id) {
+  return { id, items: [], lastSeq: 0, epoch: null, state: "", agents: [], tab: "timeline", note: "" };
+}
+
+let framed = false;
+function frame() {
+  if (framed) return;
+  framed = true;
+  requestAnimationFrame(() => { framed = false; render(); });
+}
+
+// ---------------------------------------------------------------- sessions list
+
+function stateOf(event, current) {
+  if (event.stateTransition && event.stateTransition.to) return event.stateTransition.to;
+  if (event.type === "broke") return "broken";
+  if (event.type === "test_pass") return "working";
+  return current;
+}
+
+function upsert(view) {
+  const old = app.sessions.get(view.sessionId);
+  app.sessions.set(view.sessionId, { lastType: old ? old.lastType : "", ...view });
+}
+
+async function loadSessions() {
+  const seen = [];
+  let cursor = null;
+  for (let page = 0; page < MAX_PAGES; page++) {
+    const params = cursor ? { limit: LIST_PAGE, cursor } : { limit: LIST_PAGE };
+    const result = await app.rpc.call("session.list", params);
+    for (const view of result.sessions) { upsert(view); seen.push(view.sessionId); }
+    cursor = result.nextCursor;
+    if (!cursor) break;
+  }
+  const listed = new Set(seen);
+  for (const id of app.sessions.keys()) if (!listed.has(id)) app.sessions.delete(id);  // expired or deleted
+  app.order = seen;
+  sample();
+  frame();
+}
+
+function sample() {
+  // Events per second from the seqs' growth between two polls; the broken count as it stands.
+  const now = performance.now();
+  const seqs = new Map();
+  let broken = 0;
+  for (const s of app.sessions.values()) { seqs.set(s.sessionId, s.seq); if (s.state === "broken") broken++; }
+  if (app.lastPoll) {
+    let grown = 0;
+    for (const [id, seq] of seqs) grown += Math.max(0, seq - (app.lastPoll.seqs.get(id) || 0));
+    const secs = Math.max(0.001, (now - app.lastPoll.at) / 1000);
+    app.samples.push({ rate: grown / secs, broken });
+    if (app.samples.length > CHART_POINTS) app.samples.shift();
+  }
+  app.lastPoll = { at: now, seqs };
+}
+
+function schedulePoll(delay = POLL_MS) {
+  clearTimeout(app.pollTimer);
+  app.pollTimer = setTimeout(poll, delay);
+}
+
+async function poll() {
+  try {
+    if (!document.hidden) await loadSessions();
+  } catch (err) {
+    if (err.code !== -1) console.warn("session.list failed", err);
+  }
+  if (app.rpc && app.rpc.opened) schedulePoll();
+}
+
+function announced(note) {
+  if (note.type === "new" && !app.sessions.has(note.sessionId)) {
+    // Shown at once; the next poll (brought forward) fills in what the announcement does not carry.
+    const now = new Date().toISOString();
+    upsert({ sessionId: note.sessionId, state: "working", agentIds: note.agentId ? [note.agentId] : [], seq: 0,
+      createdAt: now, updatedAt: now, labels: note.labels || {} });
+    app.order.unshift(note.sessionId);
+  } else if (note.type === "completed" && app.sessions.has(note.sessionId)) {
+    upsert({ ...app.sessions.get(note.sessionId), state: "completed" });
+  }
+  frame();
+  schedulePoll(250);
+}
+
+function visibleSessions() {
+  const { state, status, agent } = app.filter;
+  const needle = agent.trim().toLowerCase();
+  const out = [];
+  for (const id of app.order) {
+    const s = app.sessions.get(id);
+    if (!s) continue;
+    if (state && s.state !== state) continue;
+    if (status && (s.status || (s.state === "completed" ? "completed" : "active")) !== status) continue;
+    if (needle && !s.agentIds.some((a) => a.toLowerCase().includes(needle))) continue;
+    out.push(s);
+  }
+  return out;
+}
+
+function fillSession(row, s) {
+  row.className = `row row-grid session ${s.state}` + (app.detail && app.detail.id === s.sessionId ? " selected" : "");
+  row.dataset.session = s.sessionId;
+  row.dataset.state = s.state;
+  row.dataset.seq = String(s.seq);
+  row.replaceChildren(
+    span(s.sessionId, "sid"),
+    span(s.state, `state ${s.state}`),
+    span(s.agentIds.join(", ") || "—", "agents"),
+    span(String(s.seq), "num"),
+    span((s.lastType ? s.lastType + " · " : "") + ago(s.updatedAt), "dim"),
+  );
+  if (s.seq > 0 && app.lastFetch.get(s.sessionId) !== s.seq) lastEvent(s.sessionId, s.seq);
+}
+
+async function lastEvent(id, seq) {
+  // Only rows on screen ask, once per seq they show: a bounded number of small reads per poll.
+  app.lastFetch.set(id, seq);
+  try {
+    const got = await app.rpc.call("session.get", { sessionId: id, since: seq - 1, limit: 1 });
+    const s = app.sessions.get(id);
+    if (got.events.length && s) { upsert({ ...s, lastType: got.events[0].type }); frame(); }
+  } catch { /* gone or disconnected: the next poll says */ }
+}
+
+// ---------------------------------------------------------------- one session
+
+async function openSession(id) {
+  const old = app.detail;
+  if (old && old.id === id) return;
+  if (old) app.rpc.call("session.unsubscribe", { sessionId: old.id }).catch(() => {});
+  app.detail = newDetail(id);
+  timeline.items = [];
+  timeline.el.scrollTop = 0;
+  showTab("timeline");
+  frame();
+  await subscribe();
+  loadPanels();
+}
+
+async function subscribe() {
+  const d = app.detail;
+  if (!d) return;
+  // Resume like the Python client: after the last seq seen, in the epoch it came from.
+  const params = { sessionId: d.id, since: d.lastSeq };
+  if (d.epoch) params.epoch = d.epoch;
+  try {
+    const result = await app.rpc.call("session.subscribe", params);
+    if (app.detail !== d) return;
+    if (!result.recovered) {
+      // The stored history is not the one we hold (expired and re-created, or lost): start over from what is
+      // stored rather than show a timeline with a hole in it.
+      await app.rpc.call("session.unsubscribe", { sessionId: d.id });
+      Object.assign(d, newDetail(d.id), { note: "history changed on the daemon: reloaded" });
+      await subscribe();
+      return;
+    }
+    d.epoch = result.epoch;
+  } catch (err) {
+    if (app.detail === d) d.note = err.code === -32004 ? "session not found (expired?)" : `subscribe failed: ${err.message}`;
+  }
+  frame();
+}
+
+function onEvent(p) {
+  const d = app.detail;
+  const s = app.sessions.get(p.sessionId);
+  if (s && p.seq > s.seq) upsert({ ...s, seq: p.seq, state: stateOf(p.event, s.state), lastType: p.event.type,
+    updatedAt: p.event.timestamp || s.updatedAt });
+  if (!d || p.sessionId !== d.id || p.seq <= d.lastSeq) { frame(); return; }
+  d.lastSeq = p.seq;
+  d.state = stateOf(p.event, d.state || (s && s.state) || "working");
+  d.items.push({ key: p.seq, seq: p.seq, event: p.event });
+  if (d.items.length > MAX_EVENTS) d.items.splice(0, d.items.length - MAX_EVENTS);
+  frame();
+}
+
+function onCheckpoint(p) {
+  const d = app.detail;
+  if (!d || p.sessionId !== d.id) return;
+  d.items.push({ key: `cp:${p.checkpointId}`, seq: d.lastSeq, checkpoint: p });
+  frame();
+}
+
+function summary(e) {
+  const parts = [];
+  const ci = e.changeInfo;
+  if (ci) {
+    const ids = ci.entityIds || [];
+    parts.push([ci.operation, ci.elementType].filter(Boolean).join(" ") + (ids.length ? ` ${ids.slice(0, 3).join(", ")}` : "") +
+      (ids.length > 3 ? ` +${ids.length - 3}` : ""));
+  }
+  if (e.stateTransition) parts.push(`${e.stateTransition.from || "?"} → ${e.stateTransition.to}`);
+  if (e.impact && e.impact.severity) parts.push(`impact ${e.impact.severity}`);
+  if (e.impact && typeof e.impact.perfDelta === "number") parts.push(`perf ${e.impact.perfDelta}ms`);
+  return parts.join(" · ");
+}
+
+function kindOf(e) {
+  if (e.type === "conflict") return "conflict";
+  if (e.type === "checkpoint") return "checkpoint";
+  if (e.stateTransition || e.type === "broke" || e.type === "test_pass") return "transition";
+  return "";
+}
+
+function fillEvent(row, item) {
+  if (item.checkpoint) {
+    row.className = "row ev checkpoint marker";
+    row.dataset.checkpoint = item.checkpoint.checkpointId;
+    row.replaceChildren(span("◆", "num"), span(`checkpoint ${item.checkpoint.outcome}`, "type"),
+      span(item.checkpoint.checkpointId, "dim"));
+    return;
+  }
+  const e = item.event;
+  const kind = kindOf(e);
+  const broken = stateOf(e, "") === "broken" ? " broken" : "";
+  row.className = `row ev ${kind}${broken}`;
+  row.dataset.seq = String(item.seq);
+  row.dataset.type = e.type;
+  row.replaceChildren(span(String(item.seq), "num"), span(clock(e.timestamp), "dim time"), span(e.actor || "", "actor"),
+    span(e.type, "type"), span(summary(e), "sum"));
+}
+
+// ---------------------------------------------------------------- panels
+
+function notAvailable(err) {
+  return err.code === -32601 ? "not available on this daemon" : `unavailable: ${err.message}`;
+}
+
+function lines(box, items, line, empty) {
+  box.replaceChildren(...(items.length ? items.map((it) => { const p = document.createElement("div"); p.className = "line"; p.append(...line(it)); return p; }) : [span(empty, "dim")]));
+}
+
+async function panel(box, call, show) {
+  const id = app.detail && app.detail.id;
+  box.replaceChildren(span("loading…", "dim"));
+  try {
+    const result = await call();
+    if (app.detail && app.detail.id === id) show(result);
+  } catch (err) {
+    if (app.detail && app.detail.id === id) { box.replaceChildren(span(notAvailable(err), "dim na")); box.dataset.code = String(err.code); }
+  }
+}
+
+function loadPanels() {
+  const id = app.detail.id;
+  panel($("#presence"), () => app.rpc.call("presence.get", { sessionId: id }), (r) =>
+    lines($("#presence"), r.agents || [], (a) => [span(a.agentId, "actor"), span(` ${a.status}`, a.status), span(` ${a.connections ?? ""}`, "dim")], "nobody here"));
+  panel($("#leases"), () => app.rpc.call("lease.list", {}), (r) =>
+    lines($("#leases"), (r.leases || []).filter((l) => !l.sessionId || l.sessionId === id), (l) =>
+      [span((l.entityIds || [l.entityId]).join(", "), "sid"), span(` ${l.mode || ""}`, "dim"), span(` ${l.agentId || l.heldBy || ""}`, "actor")], "no leases"));
+}
+
+function showTab(name) {
+  for (const b of document.querySelectorAll(".tabs button")) b.classList.toggle("on", b.dataset.tab === name);
+  for (const t of document.querySelectorAll(".tab")) t.hidden = t.dataset.tab !== name;
+  if (app.detail) app.detail.tab = name;
+  if (name === "handoff") loadHandoff();
+  if (name === "conversation") loadConversation();
+  frame();
+}
+
+function heading(text) { const h = document.createElement("h3"); h.textContent = text; return h; }
+
+function loadHandoff() {
+  const box = $("#handoff");
+  panel(box, () => app.rpc.call("bridge.handoff", { sessionId: app.detail.id }), (r) => {
+    const recent = document.createElement("div");
+    lines(recent, r.recentChanges || [], (c) => [span(`#${c.seq ?? ""} `, "num"), span(c.type || "", "type"), span(` ${summary(c)}`, "sum")], "no changes yet");
+    const kg = document.createElement("div");
+    lines(kg, r.kgContext || [], (k) => [span(k.entityId, "sid"), span(` related ${(k.related || []).length}`, "dim"),
+      span(k.lastAnchor ? ` last anchor: ${k.lastAnchor.outcome || ""}` : "", "dim")], "no knowledge-graph context");
+    const advice = span(typeof r.joiningAdvice === "string" ? r.joiningAdvice : JSON.stringify(r.joiningAdvice ?? ""), "advice");
+    advice.id = "advice";
+    box.replaceChildren(span(`${r.sessionId} · ${r.state} · ${(r.agentIds || []).join(", ")}`, "dim"),
+      heading("Joining advice"), advice, heading("Recent changes"), recent, heading("Knowledge graph"), kg);
+  });
+}
+
+function loadConversation() {
+  const box = $("#conversation");
+  panel(box, () => app.rpc.call("session.conversation", { sessionId: app.detail.id }), (r) => {
+    const blocks = r.blocks || r.messages || r.conversation || [];
+    lines(box, blocks, (b) => [span(`${b.role || b.kind || b.type || ""} `, "actor"),
+      span(typeof b.text === "string" ? b.text : JSON.stringify(b.content ?? b), "sum")], "no conversation recorded");
+  });
+}
+
+// ---------------------------------------------------------------- chart
+
+function drawChart() {
+  const canvas = $("#chart");
+  const ratio = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth;
+  const height = canvas.clientHeight;
+  if (canvas.width !== width * ratio) { canvas.width = width * ratio; canvas.height = height * ratio; }
+  const g = canvas.getContext("2d");
+  g.setTransform(ratio, 0, 0, ratio, 0, 0);
+  g.clearRect(0, 0, width, height);
+  const pts = app.samples;
+  const top = Math.max(1, ...pts.map((p) => p.rate), ...pts.map((p) => p.broken));
+  const step = width / (CHART_POINTS - 1);
+  const x0 = width - (pts.length - 1) * step;
+  const y = (v) => height - 4 - (v / top) * (height - 12);
+  g.fillStyle = "rgba(229, 72, 77, 0.55)";
+  pts.forEach((p, i) => { const h = height - 4 - y(p.broken); g.fillRect(x0 + i * step - 2, height - 4 - h, 4, h); });
+  g.strokeStyle = "#4f9dff";
+  g.lineWidth = 2;
+  g.beginPath();
+  pts.forEach((p, i) => (i ? g.lineTo(x0 + i * step, y(p.rate)) : g.moveTo(x0 + i * step, y(p.rate))));
+  g.stroke();
+  const last = pts[pts.length - 1] || { rate: 0, broken: 0 };
+  $("#rate").textContent = last.rate.toFixed(1);
+  $("#broken").textContent = String(last.broken);
+}
+
+// ---------------------------------------------------------------- render (once per frame)
+
+const sessionList = new VList($("#sessions"), (s) => s.sessionId, fillSession);
+const timeline = new VList($("#timeline"), (it) => it.key, fillEvent);
+
+function render() {
+  const shown = visibleSessions();
+  sessionList.items = shown;
+  sessionList.draw();
+  $("#count").textContent = shown.length === app.sessions.size ? `${shown.length}` : `${shown.length} of ${app.sessions.size}`;
+  renderDetail();
+  drawChart();
+}
+
+function renderDetail() {
+  const d = app.detail;
+  $("#empty").hidden = Boolean(d);
+  $("#detail").hidden = !d;
+  $("#p-presence").hidden = !d;
+  $("#p-leases").hidden = !d;
+  if (!d) return;
+  const s = app.sessions.get(d.id);
+  const state = (s && s.state) || d.state || "";
+  $("#d-title").textContent = d.id;
+  const badge = $("#d-state");
+  badge.textContent = state;
+  badge.className = `state ${state}`;
+  $("#d-meta").textContent = [s ? `agents ${s.agentIds.join(", ") || "—"}` : "", `seq ${d.lastSeq}`,
+    d.epoch ? `epoch ${d.epoch}` : "", d.note].filter(Boolean).join(" · ");
+  $("#tl-count").textContent = `${d.items.length} rows`;
+  timeline.items = d.items;
+  if ($("#follow").checked) timeline.toBottom();
+  timeline.draw();
+}
+
+// ---------------------------------------------------------------- connection
+
+function setConn(state, text) {
+  const pill = $("#conn");
+  pill.dataset.state = state;
+  pill.className = `pill ${state}`;
+  pill.textContent = text;
+}
+
+function banner(text) {
+  const el = $("#banner");
+  el.textContent = text || "";
+  el.hidden = !text;
+}
+
+function showLogin(message) {
+  clearTimeout(app.retryTimer);
+  clearTimeout(app.pollTimer);
+  if (app.rpc) app.rpc.close();
+  app.rpc = null;
+  app.token = null;
+  sessionStorage.removeItem(TOKEN_KEY);
+  banner("");
+  setConn("off", "not connected");
+  $("#who").textContent = "";
+  $("#logout").hidden = true;
+  $("#main").hidden = true;
+  $("#login").hidden = false;
+  $("#login-msg").textContent = message || "";
+  $("#token").value = "";
+  $("#token").focus();
+}
+
+function start(token) {
+  app.token = token;
+  const c = claims(token);
+  $("#who").textContent = c.sub ? `${c.sub} @ ${c.ns || "?"}` : "";
+  $("#login").hidden = true;
+  $("#main").hidden = false;
+  $("#logout").hidden = false;
+  app.attempt = 0;
+  connect();
+}
+
+function connect() {
+  setConn("connecting", "connecting…");
+  app.rpc = new Rpc(app.token, { onOpen: opened, onClose: closed, onNotify: notified });
+  app.rpc.open();
+}
+
+async function opened() {
+  app.attempt = 0;
+  banner("");
+  setConn("live", "live");
+  try {
+    await app.rpc.call("sessions.watch");
+    await loadSessions();
+    if (app.detail) { await subscribe(); loadPanels(); }
+  } catch (err) {
+    if (err.code !== -1) banner(`The daemon answered an error: ${err.message}`);
+  }
+  schedulePoll();
+}
+
+async function closed(code, wasOpen) {
+  clearTimeout(app.pollTimer);
+  if (code === 4001) { showLogin("Token expired: paste a fresh one."); return; }
+  if (!wasOpen && await daemonUp()) {
+    // The handshake failed while the daemon answers HTTP: it refused the token (HTTP 401). A browser never
+    // sees the status of a failed WebSocket handshake, only a close before open.
+    const exp = claims(app.token).exp;
+    showLogin(exp && exp * 1000 < Date.now() ? "Token refused: it has expired." : "Token refused by the daemon (HTTP 401): check it and try again.");
+    return;
+  }
+  const delay = Math.min(10000, 500 * 2 ** app.attempt) * (0.5 + Math.random() / 2);
+  app.attempt++;
+  setConn("down", "disconnected");
+  banner(`Disconnected, reconnecting in ${(delay / 1000).toFixed(1)} s (attempt ${app.attempt})…`);
+  app.retryTimer = setTimeout(connect, delay);
+}
+
+async function daemonUp() {
+  try {
+    const r = await fetch("/healthz", { cache: "no-store" });
+    return r.ok;
+  } catch {
+    return false;
+  }
+}
+
+function notified(method, params) {
+  if (method === "session.event") onEvent(params);
+  else if (method === "session.checkpoint") onCheckpoint(params);
+  else if (method === "sessions.announce") announced(params);
+  else if (method === "session.presence" && app.detail && params.sessionId === app.detail.id) loadPanels();
+}
+
+// ---------------------------------------------------------------- wiring
+
+$("#login-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  const token = $("#token").value.trim();
+  if (!token) { $("#login-msg").textContent = "Paste a token first."; return; }
+  sessionStorage.setItem(TOKEN_KEY, token);
+  start(token);
+});
+$("#logout").addEventListener("click", () => showLogin("Token forgotten."));
+$("#sessions").addEventListener("click", (ev) => {
+  const row = ev.target.closest("[data-session]");
+  if (row) openSession(row.dataset.session);
+});
+for (const [sel, key] of [["#f-state", "state"], ["#f-status", "status"], ["#f-agent", "agent"]]) {
+  $(sel).addEventListener("input", (ev) => { app.filter[key] = ev.target.value; frame(); });
+}
+for (const b of document.querySelectorAll(".tabs button")) b.addEventListener("click", () => showTab(b.dataset.tab));
+$("#timeline").addEventListener("wheel", () => { $("#follow").checked = false; }, { passive: true });
+$("#follow").addEventListener("change", () => frame());
+window.addEventListener("resize", () => frame());
+
+const initial = takeToken();
+if (initial) start(initial);
+else showLogin("");

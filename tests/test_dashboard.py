@@ -1,0 +1,297 @@
+"""The live dashboard at `/`, driven in a real headless Chromium against an in-process daemon.
+
+Until the daemon's app mounts the dashboard's routes, `site` serves them beside the daemon's own gateway
+(the same `/ws` object the daemon serves); once mounted, `site` is the daemon's own port.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import statistics
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from memento_sessions.daemon import Daemon
+from memento_sessions.dashboard import CSP, routes
+from tests.browser import Browser, require_browser, run
+from tests.conftest import token
+from tests.rpcsocket import RpcSocket, rpc
+
+pytestmark = pytest.mark.anyio
+IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+
+
+def fetch(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """A plain HTTP GET: status, headers, body (no redirects followed)."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return reply.status, dict(reply.headers), reply.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+async def dashboard_mounted(port: int) -> bool:
+    status, _, body = await anyio.to_thread.run_sync(fetch, f"http://127.0.0.1:{port}/")
+    return status == 200 and b"/dashboard/app.js" in body
+
+
+@pytest.fixture
+async def site(daemon: Daemon) -> AsyncIterator[str]:
+    """The base URL serving the dashboard and the daemon's /ws on one origin."""
+    if await dashboard_mounted(daemon.port):
+        yield f"http://127.0.0.1:{daemon.port}"
+        return
+    gateway = daemon.gateway
+    assert gateway is not None
+
+    async def healthz(_: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    pages = Starlette(routes=[*routes(), Route("/healthz", healthz)])
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] == "/ws":
+            await gateway(scope, receive, send)
+        else:
+            await pages(scope, receive, send)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, lifespan="off", log_config=None, ws="websockets-sansio", access_log=False)
+    server = uvicorn.Server(config)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        while not server.started:
+            await anyio.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        server.should_exit = True
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    require_browser()
+    opened: Browser = await run(Browser)
+    try:
+        yield opened
+    finally:
+        await run(opened.quit)
+
+
+async def login(browser: Browser, site: str, agent: str, namespace: str) -> None:
+    """Open the page with ?token= and wait for the live connection."""
+    await run(browser.get, f"{site}/?token={token(agent, namespace)}")
+    await run(browser.wait, "return document.querySelector('#conn').dataset.state === 'live'")
+
+
+def row(session_id: str) -> str:
+    return f"#sessions .row[data-session='{session_id}']"
+
+
+# ------------------------------------------------------------------ HTTP, no browser
+
+
+async def test_page_and_assets_are_served_with_a_strict_policy(site: str) -> None:
+    status, headers, body = await anyio.to_thread.run_sync(fetch, f"{site}/")
+    assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+    assert headers["content-security-policy"] == CSP
+    assert CSP.startswith("default-src 'self'; connect-src 'self' ws: wss:;")
+    assert headers["cache-control"] == "no-cache" and headers["referrer-policy"] == "no-referrer"
+    assert b'src="/dashboard/app.js"' in body and b"http" not in body.replace(b'http-equiv', b"")
+    status, headers, js = await anyio.to_thread.run_sync(fetch, f"{site}/dashboard/app.js")
+    assert status == 200 and headers["content-type"] == "text/javascript; charset=utf-8"
+    assert b"https://" not in js and b"http://" not in js  # nothing loaded from elsewhere
+    status, _, _ = await anyio.to_thread.run_sync(fetch, f"{site}/dashboard/app.js", {"If-None-Match": headers["etag"]})
+    assert status == 304
+    for name in ("../__init__.py", "__init__.py", "nope.js"):
+        status, _, _ = await anyio.to_thread.run_sync(fetch, f"{site}/dashboard/{name}")
+        assert status == 404, name
+
+
+# ------------------------------------------------------------------ in the browser
+
+
+async def test_live_sessions_events_broken_and_handoff(site: str, daemon: Daemon, namespace: str,
+                                                      browser: Browser) -> None:
+    await login(browser, site, "viewer", namespace)
+    # The token left the URL at once and lives in this tab's sessionStorage only.
+    assert await run(browser.js, "return location.href") == f"{site}/"
+    assert await run(browser.js, "return sessionStorage.getItem('memento.token')") == token("viewer", namespace)
+    async with rpc(daemon.port, token("alice", namespace)) as alice:
+        sid = (await alice.call("session.create", {"entityIds": ["fn:parse"]}))["sessionId"]
+        await run(browser.wait, f"return document.querySelector(\"{row(sid)}\")")
+        await run(browser.click, row(sid))
+        await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"1\"]')")
+        for i in range(2, 7):
+            await alice.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "changeInfo": {
+                "elementType": "function", "entityIds": [f"fn:f{i}"], "operation": "modified"}}})
+        await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"6\"]')")
+        seqs = await run(browser.js, "return [...document.querySelectorAll('#timeline .row[data-seq]')]"
+                                     ".sort((a, b) => a.getBoundingClientRect().top - b.getBoundingClientRect().top)"
+                                     ".map(r => [Number(r.dataset.seq), r.dataset.type])")
+        assert seqs == [[1, "start"], [2, "modified"], [3, "modified"], [4, "modified"], [5, "modified"],
+                        [6, "modified"]]
+        await alice.call("event.emit", {"sessionId": sid, "event": {"type": "broke", "impact": {
+            "severity": "high", "testsFailed": ["t1"]}, "stateTransition": {"from": "working", "to": "broken"}}})
+        await run(browser.wait, f"return document.querySelector(\"{row(sid)}\").dataset.state === 'broken'")
+        assert await run(browser.js, "return document.querySelector('#d-state').textContent") == "broken"
+        assert await run(browser.js, "return document.querySelector('#timeline .row[data-seq=\"7\"]').className") \
+            == "row ev transition broken"
+        await run(browser.screenshot, IMAGES / "dashboard-session.png")
+        await run(browser.click, "button[data-tab='handoff']")
+        advice = await run(browser.wait, "const a = document.querySelector('#advice'); return a && a.textContent")
+        handoff = await alice.call("bridge.handoff", {"sessionId": sid})
+        assert advice == handoff["joiningAdvice"] and advice.startswith("Broken at seq 7")
+        await run(browser.screenshot, IMAGES / "dashboard-handoff.png")
+
+
+async def test_methods_the_daemon_lacks_show_not_available(site: str, daemon: Daemon, namespace: str,
+                                                          browser: Browser) -> None:
+    assert daemon.services is not None
+    methods = daemon.services.registry.methods
+    async with rpc(daemon.port, token("alice", namespace)) as alice:
+        sid = (await alice.call("session.create", {}))["sessionId"]
+        await login(browser, site, "viewer", namespace)
+        await run(browser.click, row(sid))
+        for box, method in (("#presence", "presence.get"), ("#leases", "lease.list")):
+            text = await run(browser.wait, f"const t = document.querySelector('{box}').textContent;"
+                                           "return t !== 'loading…' && t")
+            if method in methods:
+                assert "not available" not in text, (method, text)
+            else:
+                assert text == "not available on this daemon", (method, text)
+        await run(browser.click, "button[data-tab='conversation']")
+        text = await run(browser.wait, "const t = document.querySelector('#conversation').textContent;"
+                                       "return t !== 'loading…' && t")
+        assert ("session.conversation" in methods) != (text == "not available on this daemon"), text
+
+
+async def test_a_bad_token_is_refused_clearly(site: str, browser: Browser) -> None:
+    await run(browser.get, f"{site}/?token=not-a-token")
+    message = await run(browser.wait, "return document.querySelector('#login-msg').textContent")
+    assert message == "Token refused by the daemon (HTTP 401): check it and try again."
+    assert await run(browser.js, "return sessionStorage.getItem('memento.token')") is None
+    assert await run(browser.js, "return location.search") == ""
+    assert await run(browser.js, "return document.querySelector('#login').hidden") is False
+    await run(browser.screenshot, IMAGES / "dashboard-token-refused.png")
+
+
+async def test_reconnects_with_a_banner_and_resumes_by_seq(site: str, daemon: Daemon, namespace: str,
+                                                          browser: Browser) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as alice:
+        sid = (await alice.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await login(browser, site, "viewer", namespace)
+        await run(browser.click, row(sid))
+        await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"1\"]')")
+        # Cut the page's connection under it (as a proxy restart would), then emit while it is down.
+        closed = cut_viewer(daemon)
+        assert closed == 1
+        await run(browser.wait, "return !document.querySelector('#banner').hidden && "
+                                "document.querySelector('#banner').textContent")
+        banner = await run(browser.js, "return document.querySelector('#banner').textContent")
+        assert banner.startswith("Disconnected, reconnecting in ")
+        for _ in range(3):
+            await alice.call("event.emit", {"sessionId": sid, "event": {"type": "modified"}})
+        await run(browser.wait, "return document.querySelector('#conn').dataset.state === 'live'", timeout=15)
+        await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"4\"]')")
+        seqs = await run(browser.js, "return [...document.querySelectorAll('#timeline .row[data-seq]')]"
+                                     ".map(r => Number(r.dataset.seq)).sort((a, b) => a - b)")
+        assert seqs == [1, 2, 3, 4]  # each once: resumed after seq 1, nothing replayed twice
+        assert await run(browser.js, "return document.querySelector('#banner').hidden") is True
+
+
+def cut_viewer(daemon: Daemon) -> int:
+    """Close the viewer's WebSocket from the daemon's side; the number of connections closed."""
+    gateway: Any = daemon.gateway
+    viewers = [c for c in list(getattr(gateway, "connections", [])) if c.identity.agent_id == "viewer"]
+    for conn in viewers:
+        conn.close(1012)
+    return len(viewers)
+
+
+# ------------------------------------------------------------------ speed
+
+
+async def test_an_emitted_event_is_on_screen_within_100_ms(site: str, daemon: Daemon, namespace: str,
+                                                         browser: Browser) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as alice:
+        sid = (await alice.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await login(browser, site, "viewer", namespace)
+        await run(browser.click, row(sid))
+        await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"1\"]')")
+        # Date.now() when the row enters the DOM (the frame that paints it), keyed by seq.
+        await run(browser.js, """
+            window.__seen = {};
+            new MutationObserver((records) => {
+              const now = Date.now();
+              for (const r of records) for (const n of r.addedNodes)
+                if (n.dataset && n.dataset.seq && !(n.dataset.seq in window.__seen)) window.__seen[n.dataset.seq] = now;
+            }).observe(document.querySelector('#timeline'), {childList: true, subtree: true});
+            return 0""")
+        sent: dict[int, float] = {}
+        for _ in range(200):
+            before = time.time() * 1000
+            seq = (await alice.call("event.emit", {"sessionId": sid, "event": {"type": "modified"}}))["seq"]
+            sent[seq] = before
+            await anyio.sleep(0.02)
+        await run(browser.wait, "return Object.keys(window.__seen).length >= 200")
+        seen = await run(browser.js, "return window.__seen")
+    latencies = sorted(seen[str(seq)] - at for seq, at in sent.items())
+    p50, p99 = statistics.median(latencies), latencies[int(len(latencies) * 0.99) - 1]
+    print(f"\nemit -> row in the DOM over {len(latencies)} events: p50 {p50:.1f} ms, p99 {p99:.1f} ms, "
+          f"max {latencies[-1]:.1f} ms")
+    assert len(latencies) == 200
+    assert p99 < 100, (p50, p99)
+
+
+async def bulk(peer: RpcSocket, sessions: int) -> list[str]:
+    ids = []
+    for _ in range(sessions):
+        ids.append((await peer.call("session.create", {}))["sessionId"])
+    return ids
+
+
+async def test_a_thousand_sessions_and_a_ten_thousand_event_timeline_keep_a_fixed_dom(
+        site: str, daemon: Daemon, namespace: str, browser: Browser) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as alice:
+        ids = await bulk(alice, 999)
+        big = (await alice.call("session.create", {}))["sessionId"]
+        for _ in range(20):
+            await alice.call("event.emitBatch", {"sessionId": big, "events": [{"type": "modified"}] * 500})
+        started = time.monotonic()
+        await login(browser, site, "viewer", namespace)
+        await run(browser.wait, "return document.querySelector('#count').textContent === '1000'", timeout=20)
+        listed = time.monotonic() - started
+        rows = await run(browser.js, "return document.querySelectorAll('#sessions .row').length")
+        assert 10 <= rows <= 80, rows
+        await run(browser.click, row(big))
+        started = time.monotonic()
+        await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"10000\"]')", timeout=20)
+        loaded = time.monotonic() - started
+        rows = await run(browser.js, "return document.querySelectorAll('#timeline .row').length")
+        assert 10 <= rows <= 80, rows
+        # The page still answers at once (no long task holds the main thread).
+        ticks = await run(browser.driver.execute_async_script, """
+            const done = arguments[arguments.length - 1]; const t0 = performance.now();
+            requestAnimationFrame(() => done(performance.now() - t0));""")
+        print(f"\n1000 sessions listed in {listed:.2f} s; 10,000 events loaded in {loaded:.2f} s; "
+              f"next frame after {ticks:.1f} ms; DOM rows {rows}")
+        assert ticks < 100
+        await alice.call("event.emit", {"sessionId": ids[0], "event": {"type": "broke"}})
+        await run(browser.wait, "return document.querySelector('#broken').textContent === '1'", timeout=10)
+        await run(browser.screenshot, IMAGES / "dashboard-sessions.png")
+    assert json.dumps(ids)  # the ids were real strings
