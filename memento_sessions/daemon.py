@@ -67,7 +67,7 @@ async def start_all(servers: list[ChildServer]) -> None:
     """
     async with anyio.create_task_group() as tg:
         for server in servers:
-            tg.start_soon(_start_in_thread, server)
+            tg.start_soon(server.start_async)
         await anyio.to_thread.run_sync(load_services)
 
 
@@ -77,10 +77,6 @@ def load_services() -> None:
     import memento_sessions.backends
     import memento_sessions.gateway
     import memento_sessions.services  # noqa: F401
-
-
-async def _start_in_thread(server: ChildServer) -> None:
-    await anyio.to_thread.run_sync(server.start)
 
 
 def stop_all(servers: list[ChildServer]) -> None:

@@ -183,3 +183,30 @@ async def fetch(dsn: str, query: str) -> object:
         return await conn.fetchval(query)
     finally:
         await conn.close()
+
+
+@pytest.mark.anyio
+async def test_a_server_started_by_the_daemon_outlives_the_worker_threads(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its parent-death signal follows the thread that spawned it; anyio retires idle worker threads."""
+    from anyio._backends._asyncio import WorkerThread
+
+    server = EmbeddedRedis(tmp_path / "redis")
+    await server.start_async()
+    try:
+        monkeypatch.setattr(WorkerThread, "MAX_IDLE_TIME", 0)  # as if the daemon had been idle for 10 s
+        await retire_idle_workers()
+        await anyio.sleep(0.5)
+        assert server.alive(), "the server died with the worker thread that started it"
+    finally:
+        server.stop()
+
+
+async def retire_idle_workers() -> None:
+    """End every worker thread idle now: the first of three calls reuses the idle one, which is done
+    first, and the call after them keeps only the last done (anyio prunes the others)."""
+    async with anyio.create_task_group() as tg:
+        for delay in (0.0, 0.1, 0.2):
+            tg.start_soon(anyio.to_thread.run_sync, time.sleep, delay)
+            await anyio.sleep(0.01)
+    await anyio.to_thread.run_sync(time.sleep, 0)

@@ -21,6 +21,7 @@ from memento_sessions.metrics import EMBEDDED_RESTARTS
 
 log = get_logger(__name__)
 _PR_SET_PDEATHSIG = 1
+START_TIMEOUT = 60.0
 CHILD_UMASK = 0o077  # every file a server creates (AOF, WAL, logs) is for the data dir's owner only
 
 
@@ -114,7 +115,7 @@ class ChildServer:
         os.fchmod(fd, 0o600)  # a log made by an older version was 0644
         return os.fdopen(fd, "ab")
 
-    def start(self, timeout: float = 60.0) -> None:
+    def start(self, timeout: float = START_TIMEOUT) -> None:
         """Start the child and block until it answers; raises EmbeddedStartError.
 
         A port we picked ourselves can be taken between picking and binding (another process got it
@@ -123,27 +124,51 @@ class ChildServer:
         """
         for attempt in range(3):
             try:
-                self._start_once(timeout)
-                self.auto_port = False
-                return
+                self._prepare()
+                self._spawn()
+                self._wait_ready(timeout)
+                return self._ready()
             except EmbeddedStartError:
-                if not self.auto_port or attempt == 2 or self.proc is None:
-                    raise
-                log.warning("embedded server exited at start; trying another port", server=self.name,
-                            port=self.port)
-                self.port = free_port()
+                self._retry_on_another_port(attempt)
 
-    def _start_once(self, timeout: float) -> None:
+    async def start_async(self) -> None:
+        """start() for the daemon's event loop: preparing and waiting in worker threads, spawning in this one.
+
+        The child's parent-death signal fires when the *thread* that spawned it exits, and anyio
+        retires worker threads that sit idle: spawned from a worker, a server would be killed some
+        time later, when another call into a thread retires that worker.
+        """
+        for attempt in range(3):
+            try:
+                await anyio.to_thread.run_sync(self._prepare)
+                self._spawn()
+                await anyio.to_thread.run_sync(self._wait_ready, START_TIMEOUT)
+                return self._ready()
+            except EmbeddedStartError:
+                self._retry_on_another_port(attempt)
+
+    def _retry_on_another_port(self, attempt: int) -> None:
+        """Re-raise unless a port we picked ourselves may have been taken (see start())."""
+        if not self.auto_port or attempt == 2 or self.proc is None:
+            raise
+        log.warning("embedded server exited at start; trying another port", server=self.name, port=self.port)
+        self.port = free_port()
+
+    def _prepare(self) -> None:
         private_dir(self.directory)
         self.prepare()
+
+    def _spawn(self) -> None:
         with self.open_log() as out:
             self.proc = subprocess.Popen(
                 self.argv(), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.cwd(),
                 umask=CHILD_UMASK, preexec_fn=_die_with_parent(self.stop_signal), start_new_session=True,
                 **as_user(self.run_as()),
             )
-        self._wait_ready(timeout)
-        log.info("embedded server ready", server=self.name, port=self.port, pid=self.proc.pid)
+
+    def _ready(self) -> None:
+        self.auto_port = False
+        log.info("embedded server ready", server=self.name, port=self.port, pid=self.proc.pid if self.proc else 0)
 
     def _wait_ready(self, timeout: float) -> None:
         assert self.proc is not None
@@ -191,7 +216,7 @@ class ChildServer:
 
     async def _restart(self, delay: float) -> float:
         try:
-            await anyio.to_thread.run_sync(self.start)
+            await self.start_async()
         except (EmbeddedStartError, OSError) as exc:
             log.error("embedded server restart failed", server=self.name, error=str(exc))
             return min(delay * 2, 5.0)
