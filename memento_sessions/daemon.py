@@ -169,7 +169,7 @@ class Daemon:
                                                                            endpoints.redis_url))
             tg = await stack.enter_async_context(anyio.create_task_group())
             self.gateway = Gateway(self.services.registry, secret, self.settings.ws_send_buffer,
-                                   self.settings.ws_rate_limit)
+                                   self.settings.ws_rate_limit, max_connections=self.settings.max_connections)
             for server in self.servers:
                 tg.start_soon(server.supervise, self.health.set)
             tg.start_soon(probe_forever, backends, self.health)
@@ -179,6 +179,7 @@ class Daemon:
 
     async def _run_http(self, tg: TaskGroup, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
         from memento_sessions.app import build_app
+        from memento_sessions.handshake import handshake_protocol
 
         assert self.gateway is not None and self.services is not None
         sock = self._sock
@@ -189,7 +190,8 @@ class Daemon:
             app, lifespan="off", log_config=None, ws="websockets-sansio", ws_max_size=MAX_FRAME,
             ws_ping_interval=self.settings.ws_ping_interval, ws_ping_timeout=self.settings.ws_ping_interval,
             ws_per_message_deflate=False,
-            timeout_graceful_shutdown=3, access_log=False, http="h11",
+            timeout_graceful_shutdown=3, access_log=False,
+            http=handshake_protocol(self.settings.handshake_timeout),
         )
         self._server = _Server(config)
         if self.servers:

@@ -73,7 +73,7 @@ def _namespace(value: str) -> str:
 
 def kg_load(args: argparse.Namespace, settings: Settings) -> int:
     """Validate the whole file, then upsert it; a bad line exits 1 with its number."""
-    from memento_sessions.backends import UNAVAILABLE
+    from memento_sessions.backends import UNANSWERED
     from memento_sessions.kg.loader import BadRecord, load_file
 
     try:
@@ -83,7 +83,7 @@ def kg_load(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     try:
         counts = anyio.run(_load, settings, args.namespace, nodes, edges)
-    except UNAVAILABLE as exc:
+    except UNANSWERED as exc:
         return _unavailable("kg load", exc)
     print(f"loaded {counts[0]} nodes and {counts[1]} edges into namespace {args.namespace}")
     return 0
@@ -125,14 +125,15 @@ def _progress(done: int, total: int) -> None:
 
 def prune_now(args: argparse.Namespace, settings: Settings) -> int:
     """Run both retention jobs once and print what they removed."""
-    from memento_sessions.backends import UNAVAILABLE
+    from memento_sessions.backends import UNANSWERED
 
     try:
         report = anyio.run(_prune, settings)
-    except UNAVAILABLE as exc:
+    except UNANSWERED as exc:
         return _unavailable("prune", exc)
     print(f"anchors removed: {report.anchors_removed}"
           + "".join(f"\n  {ns}: {count}" for ns, count in sorted(report.anchors.items()) if count))
+    print(f"stub entities removed: {report.stubs_removed}")
     print(f"snapshot partitions dropped: {len(report.partitions)}"
           + "".join(f"\n  {name}" for name in report.partitions))
     return 0
