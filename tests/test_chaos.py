@@ -53,32 +53,3 @@ def test_help_explains_the_options() -> None:
         assert option in done.stdout
     assert "appendfsync always" in done.stdout
 
-
-@pytest.mark.xfail(strict=True, reason="embedded/process.py: the parent-death signal is tied to the anyio worker "
-                   "thread that started the server (daemon.py, process.py start servers via to_thread)")
-def test_an_embedded_server_outlives_the_worker_thread_that_started_it(tmp_path: Path) -> None:
-    # Found by the chaos run: a Redis restarted from a worker thread got SIGTERM when anyio later ended that
-    # idle thread (prctl(2): PR_SET_PDEATHSIG fires when the creating *thread* exits).
-    import time
-
-    import anyio
-
-    from memento_sessions.embedded.redis import EmbeddedRedis
-
-    server = EmbeddedRedis(tmp_path / "redis")
-
-    async def start_then_idle() -> None:
-        async with anyio.create_task_group() as tg:  # as daemon.py starts its servers: in worker threads, at once
-            tg.start_soon(anyio.to_thread.run_sync, server.start)
-            tg.start_soon(anyio.to_thread.run_sync, time.sleep, 3)  # the slower start (Postgres) ends last
-        await anyio.sleep(10.5)
-        # the next worker-thread call (a supervisor restart, say) reuses the thread idle the shortest time and ends
-        # the threads idle for 10 s or more: the one that started Redis
-        await anyio.to_thread.run_sync(time.sleep, 0.1)
-        await anyio.sleep(0.5)
-
-    try:
-        anyio.run(start_then_idle)
-        assert server.alive(), f"the embedded Redis died with {server.proc and server.proc.returncode}"
-    finally:
-        server.stop()
