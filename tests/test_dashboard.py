@@ -92,10 +92,12 @@ async def browser() -> AsyncIterator[Browser]:
         await run(opened.quit)
 
 
-async def login(browser: Browser, site: str, agent: str, namespace: str) -> None:
-    """Open the page with ?token= and wait for the live connection."""
-    await run(browser.get, f"{site}/?token={token(agent, namespace)}")
+async def login(browser: Browser, site: str, agent: str, namespace: str) -> str:
+    """Open the page with ?token= and wait for the live connection; the token used."""
+    given = token(agent, namespace)
+    await run(browser.get, f"{site}/?token={given}")
     await run(browser.wait, "return document.querySelector('#conn').dataset.state === 'live'")
+    return given
 
 
 def row(session_id: str) -> str:
@@ -127,10 +129,10 @@ async def test_page_and_assets_are_served_with_a_strict_policy(site: str) -> Non
 
 async def test_live_sessions_events_broken_and_handoff(site: str, daemon: Daemon, namespace: str,
                                                       browser: Browser) -> None:
-    await login(browser, site, "viewer", namespace)
+    given = await login(browser, site, "viewer", namespace)
     # The token left the URL at once and lives in this tab's sessionStorage only.
     assert await run(browser.js, "return location.href") == f"{site}/"
-    assert await run(browser.js, "return sessionStorage.getItem('memento.token')") == token("viewer", namespace)
+    assert await run(browser.js, "return sessionStorage.getItem('memento.token')") == given
     async with rpc(daemon.port, token("alice", namespace)) as alice:
         sid = (await alice.call("session.create", {"entityIds": ["fn:parse"]}))["sessionId"]
         await run(browser.wait, f"return document.querySelector(\"{row(sid)}\")")

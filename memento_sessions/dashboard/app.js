@@ -113,7 +113,7 @@ class Rpc {
 
 class VList {
   // Draws only the rows in view (plus OVERSCAN): 10,000 items cost the same DOM as 30.
-  constructor(el, keyOf, fill) {
+  constructor(el, part, keyOf, fill) {
     this.el = el;
     this.keyOf = keyOf;
     this.fill = fill;
@@ -122,16 +122,18 @@ class VList {
     this.inner = document.createElement("div");
     this.inner.className = "vinner";
     el.appendChild(this.inner);
-    el.addEventListener("scroll", () => frame());
+    el.addEventListener("scroll", () => frame(part));
   }
 
-  draw() {
+  draw(follow = false) {
     const n = this.items.length;
-    this.inner.style.height = `${n * ROW}px`;
+    const height = `${n * ROW}px`;
+    if (this.inner.style.height !== height) this.inner.style.height = height;
+    if (follow) this.el.scrollTop = n * ROW;
     const top = this.el.scrollTop;
-    const height = this.el.clientHeight || 600;
+    const view = this.el.clientHeight || 600;
     const first = Math.max(0, Math.floor(top / ROW) - OVERSCAN);
-    const last = Math.min(n, Math.ceil((top + height) / ROW) + OVERSCAN);
+    const last = Math.min(n, Math.ceil((top + view) / ROW) + OVERSCAN);
     const keep = new Set();
     for (let i = first; i < last; i++) keep.add(this.place(this.items[i], i));
     for (const [key, row] of this.rows) {
@@ -147,12 +149,11 @@ class VList {
       this.rows.set(key, row);
       this.inner.appendChild(row);
     }
-    row.style.transform = `translateY(${index * ROW}px)`;
+    const at = `translateY(${index * ROW}px)`;
+    if (row.style.transform !== at) row.style.transform = at;
     if (row.item !== item) { row.item = item; this.fill(row, item); }
     return key;
   }
-
-  toBottom() { this.el.scrollTop = this.el.scrollHeight; }
 }
 
 function span(text, cls) {
@@ -198,8 +199,11 @@ function newDetail(id) {
   return { id, items: [], lastSeq: 0, epoch: null, state: "", agents: [], tab: "timeline", note: "" };
 }
 
+// What the next frame must redraw: a live event in the open session redraws the timeline only.
+const dirty = { list: false, detail: false, chart: false };
 let framed = false;
-function frame() {
+function frame(...parts) {
+  for (const part of parts.length ? parts : Object.keys(dirty)) dirty[part] = true;
   if (framed) return;
   framed = true;
   requestAnimationFrame(() => { framed = false; render(); });
@@ -316,7 +320,7 @@ async function lastEvent(id, seq) {
   try {
     const got = await app.rpc.call("session.get", { sessionId: id, since: seq - 1, limit: 1 });
     const s = app.sessions.get(id);
-    if (got.events.length && s) { upsert({ ...s, lastType: got.events[0].type }); frame(); }
+    if (got.events.length && s) { upsert({ ...s, lastType: got.events[0].type }); frame("list"); }
   } catch { /* gone or disconnected: the next poll says */ }
 }
 
@@ -362,14 +366,18 @@ async function subscribe() {
 function onEvent(p) {
   const d = app.detail;
   const s = app.sessions.get(p.sessionId);
-  if (s && p.seq > s.seq) upsert({ ...s, seq: p.seq, state: stateOf(p.event, s.state), lastType: p.event.type,
-    updatedAt: p.event.timestamp || s.updatedAt });
-  if (!d || p.sessionId !== d.id || p.seq <= d.lastSeq) { frame(); return; }
+  if (s && p.seq > s.seq) {
+    upsert({ ...s, seq: p.seq, state: stateOf(p.event, s.state), lastType: p.event.type,
+      updatedAt: p.event.timestamp || s.updatedAt });
+    app.lastFetch.set(p.sessionId, p.seq);  // its last event is this one: no need to ask
+    frame("list");
+  }
+  if (!d || p.sessionId !== d.id || p.seq <= d.lastSeq) return;
   d.lastSeq = p.seq;
   d.state = stateOf(p.event, d.state || (s && s.state) || "working");
   d.items.push({ key: p.seq, seq: p.seq, event: p.event });
   if (d.items.length > MAX_EVENTS) d.items.splice(0, d.items.length - MAX_EVENTS);
-  frame();
+  frame("detail");
 }
 
 function onCheckpoint(p) {
@@ -513,16 +521,25 @@ function drawChart() {
 
 // ---------------------------------------------------------------- render (once per frame)
 
-const sessionList = new VList($("#sessions"), (s) => s.sessionId, fillSession);
-const timeline = new VList($("#timeline"), (it) => it.key, fillEvent);
+const sessionList = new VList($("#sessions"), "list", (s) => s.sessionId, fillSession);
+const timeline = new VList($("#timeline"), "detail", (it) => it.key, fillEvent);
+
+function setText(sel, text) {
+  // Unchanged text is left alone: rewriting it would cost a layout in every frame.
+  const el = $(sel);
+  if (el.textContent !== text) el.textContent = text;
+}
 
 function render() {
-  const shown = visibleSessions();
-  sessionList.items = shown;
-  sessionList.draw();
-  $("#count").textContent = shown.length === app.sessions.size ? `${shown.length}` : `${shown.length} of ${app.sessions.size}`;
-  renderDetail();
-  drawChart();
+  if (dirty.list) {
+    const shown = visibleSessions();
+    sessionList.items = shown;
+    sessionList.draw();
+    setText("#count", shown.length === app.sessions.size ? `${shown.length}` : `${shown.length} of ${app.sessions.size}`);
+  }
+  if (dirty.detail || dirty.list) renderDetail();
+  if (dirty.chart) drawChart();
+  dirty.list = dirty.detail = dirty.chart = false;
 }
 
 function renderDetail() {
@@ -534,16 +551,14 @@ function renderDetail() {
   if (!d) return;
   const s = app.sessions.get(d.id);
   const state = (s && s.state) || d.state || "";
-  $("#d-title").textContent = d.id;
-  const badge = $("#d-state");
-  badge.textContent = state;
-  badge.className = `state ${state}`;
-  $("#d-meta").textContent = [s ? `agents ${s.agentIds.join(", ") || "—"}` : "", `seq ${d.lastSeq}`,
-    d.epoch ? `epoch ${d.epoch}` : "", d.note].filter(Boolean).join(" · ");
-  $("#tl-count").textContent = `${d.items.length} rows`;
+  setText("#d-title", d.id);
+  setText("#d-state", state);
+  $("#d-state").className = `state ${state}`;
+  setText("#d-meta", [s ? `agents ${s.agentIds.join(", ") || "—"}` : "", `seq ${d.lastSeq}`,
+    d.epoch ? `epoch ${d.epoch}` : "", d.note].filter(Boolean).join(" · "));
+  setText("#tl-count", `${d.items.length} rows`);
   timeline.items = d.items;
-  if ($("#follow").checked) timeline.toBottom();
-  timeline.draw();
+  timeline.draw($("#follow").checked);
 }
 
 // ---------------------------------------------------------------- connection
