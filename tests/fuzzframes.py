@@ -185,7 +185,8 @@ def non_finite(rng: random.Random, t: Target) -> Frame:
     method, params = rng.choice([("session.get", {"sessionId": sid, "since": x}),
                                  ("session.subscribe", {"sessionId": sid, "since": x}),
                                  ("session.get", {"sessionId": sid, "limit": x}),
-                                 ("session.create", {"ttl": x})])
+                                 ("session.create", {"ttl": x}),
+                                 ("bridge.isolate", {"sessionId": sid, "agentId": t.agent, "since": x})])
     return Frame("non_finite", dumps(request(rng, method, params)), "error", frozenset({-32602, -32700}))
 
 
