@@ -4,21 +4,27 @@ Inputs reuse the field types of the JSON-RPC params models, and take their bound
 fields (`Bounds`), so a tool and its method accept the same values and a bound changed on a method is
 changed on its tool. Outputs are TypedDicts that allow extra keys: a tool returns exactly the JSON-RPC
 result, key for key, and each one's outputSchema documents the keys an agent can rely on.
+
+Each output declares every key its method returns, required when the method always returns it, and
+NotRequired when only some replies carry it (a page's `nextSince`, a condensed view's `truncated`);
+tests/test_mcp.py checks each declaration against real replies. Extra keys stay allowed so that a key
+a method gains later reaches agents at once instead of failing the tool's output check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any, NotRequired
+from typing import Annotated, Any, Literal, NotRequired
 
 import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, with_config
 from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
-from memento_sessions.bridge.methods import OutcomesParams
-from memento_sessions.sessions.methods import CreateParams, GetParams, LabelKey, LabelValue, ListParams
+from memento_sessions.bridge.methods import IsolateParams, OutcomesParams
+from memento_sessions.sessions.methods import CreateParams, GetParams, LabelKey, LabelValue, ListCursor, ListParams
 from memento_sessions.sessions.models import ClientId, EntityId, EventIn, SessionState
+from memento_sessions.sessions.paging import PAGE
 
 
 @dataclass(frozen=True)
@@ -49,17 +55,29 @@ Event = Annotated[EventIn, Field(description="The event: at least its type; the 
                                             "sessionId and, when absent, timestamp.")]
 Condensed = Annotated[bool, Field(description="True for a summary (counts, entities, transitions, perfDelta) "
                                               "instead of every event.")]
-Since = Annotated[int, Bounds(GetParams, "since"), Field(description="Return only events with seq greater "
-                                                                     "than this.")]
-Limit = Annotated[int | None, Bounds(GetParams, "limit"), Field(description="At most this many events.")]
+Since = Annotated[int, Bounds(GetParams, "since"), Field(
+    description="Return only events with seq greater than this: 0 for the first page, then the previous "
+                "reply's nextSince.")]
+Limit = Annotated[int | None, Bounds(GetParams, "limit"), Field(
+    description=f"At most this many events in this reply; omit for up to {PAGE:,}. A page may hold fewer when "
+                "events are large: keep paging while the reply has nextSince.")]
 StateFilter = Annotated[SessionState | None, Field(description="Only sessions in this state.")]
 AgentFilter = Annotated[ClientId | None, Field(description="Only sessions this agent has joined.")]
 ListLimit = Annotated[int | None, Bounds(ListParams, "limit"), Field(
     description=f"At most this many sessions, newest first; omit for {ListParams.model_fields['limit'].default}.")]
+Cursor = Annotated[ListCursor | None, Field(
+    description="Omit for the first page; then the previous reply's nextCursor, with the same state and agentId "
+                "filters, to get the sessions that follow.")]
 Final = Annotated[bool, Field(description="True to complete the session: its state becomes 'completed' and "
                                           "its data expires after a short grace period.")]
 EntityFilter = Annotated[EntityId | None, Field(description="Only transitions touching this entity id.")]
 AgentId = Annotated[ClientId, Field(description="The agent whose work to isolate.")]
+IsolateSince = Annotated[int, Bounds(IsolateParams, "since"), Field(
+    description="Return only the agent's events with seq greater than this: 0 for the first page, then the "
+                "previous reply's nextSince.")]
+IsolateLimit = Annotated[int | None, Bounds(IsolateParams, "limit"), Field(
+    description=f"At most this many of the agent's events in this reply; omit for up to {PAGE:,}. Keep paging "
+                "while the reply has nextSince.")]
 ClusterId = Annotated[EntityId, Field(description="Id of a SemanticCluster node of the knowledge graph.")]
 Days = Annotated[int | None, Bounds(OutcomesParams, "days"), Field(
     description=f"How many days back to look; omit for {OutcomesParams.model_fields['days'].default}.")]
@@ -75,7 +93,7 @@ class Created(TypedDict):
     seq: int
     agentIds: list[str]
     expiresAt: str
-    epoch: NotRequired[str]
+    epoch: str
 
 
 @with_config(_OPEN)
@@ -98,30 +116,35 @@ class SessionView(TypedDict):
     state: SessionState
     agentIds: list[str]
     seq: int
+    epoch: str
     createdAt: str
     updatedAt: str
     expiresAt: str
     lastCheckpoint: Json | None
     labels: dict[str, str]
-    epoch: NotRequired[str]
     parentSessionId: NotRequired[str]
     forkedAtSeq: NotRequired[int]
 
 
 @with_config(_OPEN)
 class SessionDetail(TypedDict):
+    """A page of events (`events`, `nextSince` when more exist), or the condensed view (the other keys)."""
+
     session: SessionView
     events: NotRequired[list[Json]]
+    nextSince: NotRequired[int]
     counts: NotRequired[dict[str, int]]
     entities: NotRequired[dict[str, int]]
     transitions: NotRequired[list[Json]]
-    perfDelta: NotRequired[float]
+    perfDelta: NotRequired[float | None]  # null when the sum is not a finite number
+    truncated: NotRequired[list[str]]  # the condensed lists that were cut
     lastCheckpoint: NotRequired[Json | None]
 
 
 @with_config(_OPEN)
 class SessionList(TypedDict):
     sessions: list[SessionView]
+    nextCursor: NotRequired[str]
 
 
 @with_config(_OPEN)
@@ -133,20 +156,44 @@ class Checkpoint(TypedDict):
     perfDelta: float
     actors: list[str]
     entityIds: list[str]
-    snapshotId: NotRequired[Any]
+    snapshotId: NotRequired[int]  # a broken outcome's failure snapshot, stored
+    snapshotPending: NotRequired[bool]  # ... or kept in Redis until Postgres takes it
+
+
+Source = Literal["live", "archive"]  # read from Redis, or rebuilt from anchors and snapshots after expiry
+
+
+@with_config(_OPEN)
+class Transition(TypedDict):
+    fromSeq: int
+    toSeq: int
+    changeInfo: Json | None
+    impact: Json | None
+    kgContext: NotRequired[Json]  # specs, clusters and benchmarks around the window, when the graph knows any
+    checkpointId: NotRequired[str]  # archived: the transition is known from this checkpoint's anchor only
 
 
 @with_config(_OPEN)
 class Transitions(TypedDict):
-    transitions: list[Json]
+    transitions: list[Transition]
+    source: Source
+
+
+@with_config(_OPEN)
+class EntityImpact(TypedDict):
+    entityId: str
+    anchors: list[Json]
+    count: int
 
 
 @with_config(_OPEN)
 class Isolated(TypedDict):
     agentId: str
     events: list[Json]
-    impacts: list[Json]
+    nextSince: NotRequired[int]
+    impacts: list[EntityImpact]
     totalPerfDelta: float
+    source: Source
 
 
 @with_config(_OPEN)
@@ -157,6 +204,7 @@ class Handoff(TypedDict):
     recentChanges: list[Json]
     kgContext: list[Json]
     joiningAdvice: str
+    source: Source
 
 
 @with_config(_OPEN)

@@ -27,6 +27,7 @@ from memento_sessions.mcp_models import (
     ClusterId,
     Condensed,
     Created,
+    Cursor,
     Days,
     Emitted,
     EntityFilter,
@@ -35,6 +36,8 @@ from memento_sessions.mcp_models import (
     Final,
     Handoff,
     Isolated,
+    IsolateLimit,
+    IsolateSince,
     Joined,
     Labels,
     Limit,
@@ -51,6 +54,9 @@ from memento_sessions.mcp_models import (
 )
 from memento_sessions.ratelimit import Buckets
 from memento_sessions.rpc import Call, Registry, Result, field_errors
+from memento_sessions.sessions.condense import KEEP
+from memento_sessions.sessions.methods import ListParams
+from memento_sessions.sessions.paging import PAGE
 
 CALLER: ContextVar[Identity | None] = ContextVar("memento_mcp_caller", default=None)
 # The MCP request id of the tool call being run, for the log line of a failure.
@@ -62,6 +68,9 @@ INSTRUCTIONS = (
     "before taking over someone else's work read get_handoff_context. Everything you see is limited to "
     "your token's namespace."
 )
+
+# The numbers a description quotes ({page} in a docstring), taken from the code that enforces them.
+FACTS = {"page": f"{PAGE:,}", "kept": f"{KEEP:,}", "list_page": str(ListParams.model_fields["limit"].default)}
 
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
@@ -142,20 +151,25 @@ class Tools:
 
     async def get_session(self, sessionId: SessionId, condensed: Condensed = False, since: Since = 0,
                           limit: Limit = None) -> SessionDetail:
-        """Read a session: its state, agents, seq, labels and last checkpoint, plus its events in seq order.
-        Use since (the last seq you saw) and limit to page through long histories, or condensed=true for a
-        summary: event counts by type, the entities touched with their counts, every working/broken
-        transition, the summed perfDelta and the last checkpoint. Fails with not found (-32004) when the
-        session does not exist in your namespace or has expired."""
+        """Read a session: its state, agents, seq, labels and last checkpoint, plus a page of its events in seq
+        order (at most {page}, fewer when events are large). When the reply has nextSince, more events exist:
+        call again with since=nextSince, and repeat until a reply has no nextSince. To read only what is new,
+        pass the last seq you saw as since. Or ask condensed=true for a summary of every event in one reply:
+        event counts by type, the entities touched with their counts, every working/broken transition, the
+        summed perfDelta and the last checkpoint (truncated names any list that was cut to its first {kept}).
+        Fails with not found (-32004) when the session does not exist in your namespace or has expired."""
         params = {"sessionId": sessionId, "condensed": condensed, "since": since, "limit": limit}
         return cast(SessionDetail, await self.call("session.get", params))
 
     async def list_sessions(self, state: StateFilter = None, agentId: AgentFilter = None,
-                            limit: ListLimit = None) -> SessionList:
+                            limit: ListLimit = None, cursor: Cursor = None) -> SessionList:
         """List the live sessions of your namespace, newest first, to find work to join or check on. Filter by
         state ('working', 'broken', 'coordinating', 'completed') or by an agent that joined them. Returns
-        each session's id, state, agents, seq, labels, timestamps and last checkpoint."""
-        params = {"state": state, "agentId": agentId, "limit": limit}
+        each session's id, state, agents, seq, labels, timestamps and last checkpoint. A reply holds one page
+        ({list_page} sessions unless you pass limit); when it has nextCursor, more may follow: call again with
+        cursor=nextCursor and the same filters, until a reply has no nextCursor. A page can be short, even
+        empty, and still have a nextCursor when a filter skipped many sessions."""
+        params = {"state": state, "agentId": agentId, "limit": limit, "cursor": cursor}
         return cast(SessionList, await self.call("session.list", params))
 
     async def checkpoint_session(self, sessionId: SessionId, final: Final = False) -> Checkpoint:
@@ -175,11 +189,14 @@ class Tools:
         params = {"sessionId": sessionId, "entityId": entityId}
         return cast(Transitions, await self.call("bridge.transitions", params))
 
-    async def isolate_session(self, sessionId: SessionId, agentId: AgentId) -> Isolated:
+    async def isolate_session(self, sessionId: SessionId, agentId: AgentId, since: IsolateSince = 0,
+                              limit: IsolateLimit = None) -> Isolated:
         """Separate one agent's contribution from the rest of a shared session, e.g. to judge or undo its
-        work. Returns that agent's events, the entities it touched with their recent anchors and counts,
-        and the total perfDelta it caused."""
-        params = {"sessionId": sessionId, "agentId": agentId}
+        work. Returns a page of that agent's events (at most {page}, fewer when events are large), the entities
+        it touched with their recent anchors and counts, and the total perfDelta it caused (those two always
+        cover all its events). When the reply has nextSince, the agent has more events: call again with
+        since=nextSince, until a reply has no nextSince."""
+        params = {"sessionId": sessionId, "agentId": agentId, "since": since, "limit": limit}
         return cast(Isolated, await self.call("bridge.isolate", params))
 
     async def get_handoff_context(self, sessionId: SessionId) -> Handoff:
@@ -242,6 +259,11 @@ def _request_id(context: Context[Any, Any] | None) -> str | None:
         return None
 
 
+def description(tool: Callable[..., Any]) -> str:
+    """A tool's description: its docstring on one line, with the FACTS it quotes filled in."""
+    return " ".join((tool.__doc__ or "").split()).format_map(FACTS)
+
+
 def build_server(registry: Registry, identity: Identity | None = None, rate_limit: float = 0.0) -> MCPServer:
     """The MCP server with every tool; `identity` fixes the caller (stdio), else each request's token does.
 
@@ -251,6 +273,6 @@ def build_server(registry: Registry, identity: Identity | None = None, rate_limi
     server = Server("memento-sessions", version=__version__, instructions=INSTRUCTIONS)
     tools = Tools(registry, identity, rate_limit).registrations()
     for tool, hints in tools:
-        server.add_tool(tool, description=" ".join((tool.__doc__ or "").split()), annotations=hints)
+        server.add_tool(tool, description=description(tool), annotations=hints)
     server.names = frozenset(tool.__name__ for tool, _ in tools)
     return server
