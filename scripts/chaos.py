@@ -9,9 +9,11 @@ and mismatched (the id it was handed at a seq is not the one stored there), then
 The target is 0 of each; the exit code is 0 when it is met, 1 when not.
 
 Everything runs on loopback under a temporary directory and stops by itself (--max-seconds).
-Redis runs with `appendfsync always` by default, so an acknowledged event is on disk before its reply;
-with `--fsync everysec` (the embedded default) a SIGKILL may lose up to ~1 s of acknowledged events,
-which this run counts as lost rather than hides.
+Redis runs with `appendfsync always` by default, so an acknowledged event is on disk before its reply.
+With `--fsync everysec` (the embedded default) Redis still write()s the AOF before it replies, so killing
+the Redis process loses nothing the kernel has; what everysec risks is the last ~1 s on a crash of the
+machine, and acknowledged writes Redis holds back while a slow fsync runs (up to 2 s). A run counts
+any loss as lost rather than hides it.
 """
 
 from __future__ import annotations

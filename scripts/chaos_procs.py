@@ -2,8 +2,8 @@
 
 Redis is the embedded server the daemon itself would start, with its own data dir and port kept across
 restarts (a SIGTERM or SIGKILL, then a start on the same port and AOF). Its `appendfsync` is the run's
-choice: `always` makes every acknowledged write durable before the reply; `everysec` (the daemon's own
-embedded default) may lose up to about a second of acknowledged writes to a SIGKILL.
+choice: `always` makes every acknowledged write durable before the reply; with `everysec` (the daemon's
+own embedded default) a write reaches the kernel before the reply but is fsynced up to a second later.
 """
 
 from __future__ import annotations
