@@ -104,6 +104,12 @@ def row(session_id: str) -> str:
     return f"#sessions .row[data-session='{session_id}']"
 
 
+async def open_session(browser: Browser, session_id: str) -> None:
+    """Click a session's row once the list shows it."""
+    await run(browser.wait, f"return document.querySelector(\"{row(session_id)}\")", timeout=20)
+    await run(browser.click, row(session_id))
+
+
 # ------------------------------------------------------------------ HTTP, no browser
 
 
@@ -135,8 +141,7 @@ async def test_live_sessions_events_broken_and_handoff(site: str, daemon: Daemon
     assert await run(browser.js, "return sessionStorage.getItem('memento.token')") == given
     async with rpc(daemon.port, token("alice", namespace)) as alice:
         sid = (await alice.call("session.create", {"entityIds": ["fn:parse"]}))["sessionId"]
-        await run(browser.wait, f"return document.querySelector(\"{row(sid)}\")")
-        await run(browser.click, row(sid))
+        await open_session(browser, sid)
         await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"1\"]')")
         for i in range(2, 7):
             await alice.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "changeInfo": {
@@ -168,7 +173,7 @@ async def test_methods_the_daemon_lacks_show_not_available(site: str, daemon: Da
     async with rpc(daemon.port, token("alice", namespace)) as alice:
         sid = (await alice.call("session.create", {}))["sessionId"]
         await login(browser, site, "viewer", namespace)
-        await run(browser.click, row(sid))
+        await open_session(browser, sid)
         for box, method in (("#presence", "presence.get"), ("#leases", "lease.list")):
             text = await run(browser.wait, f"const t = document.querySelector('{box}').textContent;"
                                            "return t !== 'loading…' && t")
@@ -197,7 +202,7 @@ async def test_reconnects_with_a_banner_and_resumes_by_seq(site: str, daemon: Da
     async with rpc(daemon.port, token("alice", namespace)) as alice:
         sid = (await alice.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
         await login(browser, site, "viewer", namespace)
-        await run(browser.click, row(sid))
+        await open_session(browser, sid)
         await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"1\"]')")
         # Cut the page's connection under it (as a proxy restart would), then emit while it is down.
         closed = cut_viewer(daemon)
@@ -233,7 +238,7 @@ async def test_an_emitted_event_is_on_screen_within_100_ms(site: str, daemon: Da
     async with rpc(daemon.port, token("alice", namespace)) as alice:
         sid = (await alice.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
         await login(browser, site, "viewer", namespace)
-        await run(browser.click, row(sid))
+        await open_session(browser, sid)
         await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"1\"]')")
         # Date.now() when the row enters the DOM (the frame that paints it), keyed by seq.
         await run(browser.js, """
@@ -280,7 +285,7 @@ async def test_a_thousand_sessions_and_a_ten_thousand_event_timeline_keep_a_fixe
         listed = time.monotonic() - started
         rows = await run(browser.js, "return document.querySelectorAll('#sessions .row').length")
         assert 10 <= rows <= 80, rows
-        await run(browser.click, row(big))
+        await open_session(browser, big)
         started = time.monotonic()
         await run(browser.wait, "return document.querySelector('#timeline .row[data-seq=\"10000\"]')", timeout=20)
         loaded = time.monotonic() - started
@@ -293,7 +298,7 @@ async def test_a_thousand_sessions_and_a_ten_thousand_event_timeline_keep_a_fixe
         print(f"\n1000 sessions listed in {listed:.2f} s; 10,000 events loaded in {loaded:.2f} s; "
               f"next frame after {ticks:.1f} ms; DOM rows {rows}")
         assert ticks < 100
-        await alice.call("event.emit", {"sessionId": ids[0], "event": {"type": "broke"}})
+        await alice.call("event.emit", {"sessionId": ids[-2], "event": {"type": "broke"}})
         await run(browser.wait, "return document.querySelector('#broken').textContent === '1'", timeout=10)
         await run(browser.screenshot, IMAGES / "dashboard-sessions.png")
     assert json.dumps(ids)  # the ids were real strings

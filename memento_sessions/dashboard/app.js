@@ -514,9 +514,7 @@ function drawChart() {
   g.beginPath();
   pts.forEach((p, i) => (i ? g.lineTo(x0 + i * step, y(p.rate)) : g.moveTo(x0 + i * step, y(p.rate))));
   g.stroke();
-  const last = pts[pts.length - 1] || { rate: 0, broken: 0 };
-  $("#rate").textContent = last.rate.toFixed(1);
-  $("#broken").textContent = String(last.broken);
+  setText("#rate", (pts.length ? pts[pts.length - 1].rate : 0).toFixed(1));
 }
 
 // ---------------------------------------------------------------- render (once per frame)
@@ -536,6 +534,9 @@ function render() {
     sessionList.items = shown;
     sessionList.draw();
     setText("#count", shown.length === app.sessions.size ? `${shown.length}` : `${shown.length} of ${app.sessions.size}`);
+    let broken = 0;  // as the list stands now, not as of the last poll
+    for (const s of app.sessions.values()) if (s.state === "broken") broken++;
+    setText("#broken", String(broken));
   }
   if (dirty.detail || dirty.list) renderDetail();
   if (dirty.chart) drawChart();
