@@ -46,7 +46,7 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
 LIST = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
 
 Connect = Callable[[str], AbstractAsyncContextManager[ClientSession]]
-CHECKPOINT_EVERY = 1000  # no automatic checkpoint lands between the MCP read and the WebSocket read
+CHECKPOINT_EVERY = 10_000  # no automatic checkpoint lands between the MCP read and the WebSocket read
 
 
 @pytest.fixture
@@ -454,3 +454,166 @@ async def test_idle_mcp_sessions_expire_and_stop_counting_against_the_limit(sett
         second = await open_session(http, "/mcp", alice)
         assert (await http.post("/mcp", json=LIST, headers={**alice, "mcp-session-id": second})).status_code == 200
         assert limit_actions("closed") == closed, "the expired session made room: nothing was closed for it"
+
+
+async def emit_many(ws: RpcSocket, sid: str, count: int, event: Callable[[int], dict[str, Any]]) -> None:
+    """`count` events `event(0)`.. into `sid`, in batches of 500."""
+    for start in range(0, count, 500):
+        batch = [event(n) for n in range(start, min(start + 500, count))]
+        await ws.call("event.emitBatch", {"sessionId": sid, "events": batch})
+
+
+async def test_get_session_reads_2500_events_in_three_pages_following_next_since(connect: Connect, daemon: Daemon,
+                                                                                namespace: str) -> None:
+    async with connect(token("reader", namespace)) as mcp, rpc(daemon.port, token("writer", namespace)) as ws:
+        sid = (await ws.call("session.create", {}))["sessionId"]
+        await emit_many(ws, sid, 2500, lambda n: {"type": "modified", "data": {"n": n}})
+        pages, since = [], 0
+        while True:
+            page = ok(await mcp.call_tool("get_session", {"sessionId": sid, "since": since}))
+            assert steady(page) == steady(await ws.call("session.get", {"sessionId": sid, "since": since}))
+            pages.append(page)
+            if "nextSince" not in page:
+                break
+            since = page["nextSince"]
+        assert [len(page["events"]) for page in pages] == [1000, 1000, 500]
+        assert [page.get("nextSince") for page in pages] == [1000, 2000, None]
+        seen = [event["seq"] for page in pages for event in page["events"]]
+        assert seen == list(range(1, 2501)), "every event once, in order"
+        assert [event["data"]["n"] for event in pages[2]["events"]][-1] == 2499
+        short = ok(await mcp.call_tool("get_session", {"sessionId": sid, "since": 2400, "limit": 60}))
+        assert [short["events"][0]["seq"], short["events"][-1]["seq"], short["nextSince"]] == [2401, 2460, 2460]
+
+
+async def test_list_sessions_pages_with_cursor_and_next_cursor(connect: Connect, daemon: Daemon,
+                                                               namespace: str) -> None:
+    async with connect(token("lister", namespace)) as mcp, rpc(daemon.port, token("maker", namespace)) as ws:
+        made = []
+        for _ in range(3):
+            made.append((await ws.call("session.create", {}))["sessionId"])
+            await anyio.sleep(0.002)  # distinct creation times: newest first is then this order reversed
+        first = ok(await mcp.call_tool("list_sessions", {"limit": 2}))
+        assert steady(first) == steady(await ws.call("session.list", {"limit": 2}))
+        assert [s["sessionId"] for s in first["sessions"]] == made[::-1][:2] and first["nextCursor"]
+        rest = ok(await mcp.call_tool("list_sessions", {"limit": 2, "cursor": first["nextCursor"]}))
+        assert steady(rest) == steady(await ws.call("session.list", {"limit": 2, "cursor": first["nextCursor"]}))
+        assert [s["sessionId"] for s in rest["sessions"]] == [made[0]] and "nextCursor" not in rest
+        text = failed(await mcp.call_tool("list_sessions", {"cursor": "not a cursor"}))
+        assert text == ("Error executing tool list_sessions: invalid params (-32602); cursor: String should match "
+                        "pattern '^[0-9]{1,16}:[A-Za-z0-9._:-]{1,128}$'")
+
+
+async def test_isolate_session_pages_the_agents_events(connect: Connect, daemon: Daemon, namespace: str) -> None:
+    async with connect(token("judge", namespace)) as mcp, rpc(daemon.port, token("worker", namespace)) as ws:
+        sid = (await ws.call("session.create", {"entityIds": ["fn:w"]}))["sessionId"]
+        await emit_many(ws, sid, 4, lambda n: {"type": "modified", "impact": {"perfDelta": 1.0}})
+        args = {"sessionId": sid, "agentId": "worker", "limit": 3}
+        first = ok(await mcp.call_tool("isolate_session", args))
+        assert steady(first) == steady(await ws.call("bridge.isolate", args))
+        assert [e["seq"] for e in first["events"]] == [1, 2, 3] and first["nextSince"] == 3
+        assert first["totalPerfDelta"] == 4.0, "the total covers every event, not the page"
+        rest = ok(await mcp.call_tool("isolate_session", {**args, "since": 3}))
+        assert [e["seq"] for e in rest["events"]] == [4, 5] and "nextSince" not in rest
+
+
+Schema = dict[str, Any]
+# Declared keys no call below can provoke, each for a stated reason; every other declared key must be seen.
+UNSEEN = {
+    "checkpoint_session.snapshotPending",  # only while Postgres does not answer within 2 s
+    "get_session.session.parentSessionId", "get_session.session.forkedAtSeq",  # no method forks a session yet
+    "list_sessions.sessions[].parentSessionId", "list_sessions.sessions[].forkedAtSeq",
+    "get_transitions.transitions[].checkpointId",  # an expired session whose events no snapshot kept
+}
+
+
+def branch(schema: Schema, value: Any, defs: Schema) -> Schema:
+    """`schema` with its $ref resolved, and of an anyOf the branch for `value` (outputs only add null)."""
+    if "$ref" in schema:
+        schema = defs[schema["$ref"].rsplit("/", 1)[-1]]
+    if "anyOf" in schema:
+        options = [option for option in schema["anyOf"] if (option.get("type") == "null") == (value is None)]
+        return branch(options[0], value, defs)
+    return schema
+
+
+def check_shape(schema: Schema, value: Any, defs: Schema, path: str, seen: set[str]) -> None:
+    """Fail on a key `schema` does not declare or a required key `value` lacks; add each key seen to `seen`."""
+    schema = branch(schema, value, defs)
+    if isinstance(value, dict) and "properties" in schema:
+        declared, required = set(schema["properties"]), set(schema.get("required", []))
+        assert set(value) <= declared, f"{path}: undeclared {sorted(set(value) - declared)}"
+        assert required <= set(value), f"{path}: missing required {sorted(required - set(value))}"
+        for key, item in value.items():
+            seen.add(f"{path}.{key}")
+            check_shape(schema["properties"][key], item, defs, f"{path}.{key}", seen)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            check_shape(schema["items"], item, defs, f"{path}[]", seen)
+
+
+def declared_keys(schema: Schema, defs: Schema, path: str) -> set[str]:
+    """Every key path an output schema declares, nested objects and list items included."""
+    if "$ref" in schema or "anyOf" in schema:
+        options = [schema] if "$ref" in schema else schema["anyOf"]
+        return set().union(*(declared_keys(branch(o, {}, defs) if "$ref" in o else o, defs, path) for o in options))
+    keys = set()
+    for key, item in schema.get("properties", {}).items():
+        keys |= {f"{path}.{key}"} | declared_keys(item, defs, f"{path}.{key}")
+    if "items" in schema:
+        keys |= declared_keys(schema["items"], defs, f"{path}[]")
+    return keys
+
+
+SHAPE_NODES = [{"id": "cluster:shape", "labels": ["SemanticCluster"], "props": {"name": "Shapes"}},
+               {"id": "spec:shape", "labels": ["Spec"], "props": {"title": "Shape spec"}},
+               {"id": "fn:shape", "labels": ["CodebaseEntity"], "props": {"name": "shape"}}]
+SHAPE_EDGES = [{"from": "fn:shape", "to": "cluster:shape", "type": "MEMBER_OF_CLUSTER"},
+               {"from": "cluster:shape", "to": "spec:shape", "type": "IMPLEMENTS_CLUSTER"}]
+
+
+async def test_every_tool_output_declares_exactly_the_keys_its_method_returns(daemon: Daemon, namespace: str) -> None:
+    """Each tool's structured content is checked against its outputSchema, in every variant of its reply
+    (a page with and without nextSince, condensed with truncated, a broken checkpoint's snapshotId, ...);
+    then every key the schemas declare must have been seen, but for UNSEEN."""
+    seen: set[str] = set()
+    async with over_http(daemon.port, token("shaper", namespace)) as mcp, \
+            rpc(daemon.port, token("helper", namespace, "sessions:read sessions:write kg:write")) as ws:
+        schemas = {tool.name: tool.output_schema for tool in (await mcp.list_tools()).tools}
+
+        async def both(tool: str, args: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+            """The tool's reply, shape-checked; with `method`, equal to the WebSocket reply key for key."""
+            reply = ok(await mcp.call_tool(tool, args))
+            schema = schemas[tool]
+            assert schema is not None
+            check_shape(schema, reply, schema.get("$defs", {}), tool, seen)
+            if method is not None:
+                assert steady(reply) == steady(await ws.call(method, args)), tool
+            return reply
+
+        await ws.call("kg.upsert", {"nodes": SHAPE_NODES, "edges": SHAPE_EDGES})
+        sid = (await both("create_session", {"entityIds": ["fn:shape"], "labels": {"k": "v"}}))["sessionId"]
+        await ws.call("session.join", {"sessionId": sid})
+        await both("join_session", {"sessionId": sid})
+        shape = {"changeInfo": {"entityIds": ["fn:shape"]}, "impact": {"perfDelta": 2.0}}
+        await both("emit_event", {"sessionId": sid, "event": {"type": "modified", **shape}})
+        await both("emit_event", {"sessionId": sid, "event": {"type": "broke", **shape}})
+        await both("get_transitions", {"sessionId": sid}, "bridge.transitions")
+        await both("isolate_session", {"sessionId": sid, "agentId": "shaper", "limit": 1}, "bridge.isolate")
+        await both("isolate_session", {"sessionId": sid, "agentId": "shaper"}, "bridge.isolate")
+        await both("get_handoff_context", {"sessionId": sid}, "bridge.handoff")
+        assert "snapshotId" in await both("checkpoint_session", {"sessionId": sid})
+        await both("session_outcomes", {"clusterId": "cluster:shape"}, "bridge.outcomes")
+        await both("get_session", {"sessionId": sid, "limit": 1}, "session.get")  # lastCheckpoint now set
+
+        wide = (await ws.call("session.create", {}))["sessionId"]  # 1,001 entities: the condensed view cuts
+        await emit_many(ws, wide, 1001, lambda n: {"type": "modified", "changeInfo": {"entityIds": [f"fn:w{n}"]}})
+        assert "nextSince" in await both("get_session", {"sessionId": wide}, "session.get")
+        assert "nextSince" not in await both("get_session", {"sessionId": wide, "since": 1000}, "session.get")
+        condensed = await both("get_session", {"sessionId": wide, "condensed": True}, "session.get")
+        assert condensed["truncated"] == ["entities"]
+        assert "nextCursor" in await both("list_sessions", {"limit": 1}, "session.list")
+        await both("list_sessions", {}, "session.list")
+
+    declared = set().union(*(declared_keys(schema, schema.get("$defs", {}), tool) for tool, schema in schemas.items()
+                            if schema is not None))
+    assert declared - seen == UNSEEN, "a key declared but never returned, or an UNSEEN key now seen"
