@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from memento_sessions.dashboard import routes as dashboard_routes
 from memento_sessions.gateway import Gateway
 from memento_sessions.health import Health
 
@@ -45,6 +46,7 @@ def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", gateway),
+        *dashboard_routes(),
     ]
     if mcp is not None:
         # A Route, not a Mount: `POST /mcp` is served as it is instead of redirected to `/mcp/`.
