@@ -164,7 +164,8 @@ def watcher_figures(watcher: Watcher, events: list[tuple[int, str | None]]) -> d
                      if seq in id_at and id_at[seq] != event_id)
     return {"name": watcher.name, "received": len(watcher.seqs), "missing": len(set(id_at) - got),
             "doubled": len(watcher.seqs) - len(got), "out_of_order": out_of_order, "mismatched": mismatched,
-            "history_lost": watcher.history_lost, "reconnects": watcher.reconnects(), "restarts": watcher.restarts}
+            "history_lost": watcher.history_lost, "reconnects": watcher.reconnects(), "restarts": watcher.restarts,
+            "restart_reasons": dict(watcher.restart_reasons)}
 
 
 def target_met(result: dict[str, Any]) -> bool:
@@ -185,7 +186,7 @@ def print_report(result: dict[str, Any]) -> None:
     for w in result["subscribers"]:
         print(f"subscriber {w['name']}: received {w['received']}, missing {w['missing']}, doubled {w['doubled']}, "
               f"out of order {w['out_of_order']}, mismatched {w['mismatched']}, history lost {w['history_lost']}, "
-              f"reconnects {w['reconnects']}, restarts {w['restarts']}")
+              f"reconnects {w['reconnects']}, restarts {w['restarts']} {w['restart_reasons'] or ''}")
     print(f"chaos: {result['chaos']}; Redis appendfsync {result['appendfsync']}; daemon log errors "
           f"{result['daemon_log_errors']}")
     print("target (0 lost, 0 doubled, 0 gaps, subscribers whole):", "MET" if result["target_met"] else "MISSED")

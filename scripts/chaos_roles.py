@@ -105,7 +105,8 @@ class Watcher:
         self.seqs: list[int] = []
         self.ids: list[str | None] = []
         self.history_lost = 0
-        self.restarts = 0  # the client itself gave up (closed) and was made anew, resuming after the last seq
+        self.restarts = 0  # the subscription ended with an error and was made anew, resuming after the last seq
+        self.restart_reasons: Counter[str] = Counter()
         self.client: Client | None = None
         self.epoch: str | None = None
 
@@ -121,8 +122,9 @@ class Watcher:
         while True:
             try:
                 await self._watch()
-            except RETRYABLE:
+            except RETRYABLE as exc:
                 self.restarts += 1
+                self.restart_reasons[f"{type(exc).__name__}{f' {exc.code}' if isinstance(exc, RpcError) else ''}"] += 1
                 await anyio.sleep(0.2)
 
     async def _watch(self) -> None:
