@@ -469,3 +469,48 @@ async def test_a_session_created_anew_while_subscribed_raises_history_lost_then_
                 event = await sub.__anext__()
             assert (event.seq, event.event["type"]) == (1, "broke") and sub.epoch == lost.value.epoch
     await r.aclose()
+
+
+async def test_iter_events_follows_next_since_and_gives_every_event_once_in_order(daemon: Daemon,
+                                                                                  namespace: str) -> None:
+    async with client(daemon.port, "pager", namespace) as c:
+        sid = (await c.create_session())["sessionId"]
+        for start in range(0, 2500, 500):
+            await c.emit_batch(sid, [{"type": "modified", "data": {"n": n}} for n in range(start, start + 500)])
+        first = await c.get(sid)
+        assert len(first["events"]) == 1000 and first["nextSince"] == 1000, "one page, and where the next starts"
+        last = await c.get(sid, since=2000)
+        assert len(last["events"]) == 500 and "nextSince" not in last
+        events = [event async for event in c.iter_events(sid)]
+        assert [event["seq"] for event in events] == list(range(1, 2501))
+        assert [event["data"]["n"] for event in events] == list(range(2500))
+        assert [event["seq"] async for event in c.iter_events(sid, since=2400, limit=30)] == list(range(2401, 2501))
+
+
+async def test_iter_sessions_follows_next_cursor_and_gives_every_session_once(daemon: Daemon, namespace: str) -> None:
+    async with client(daemon.port, "lister", namespace) as c:
+        made = []
+        for _ in range(7):
+            made.append((await c.create_session())["sessionId"])
+            await anyio.sleep(0.002)  # distinct creation times, so newest first is `made` reversed
+        page = await c.list_sessions_page(limit=3)
+        assert [s["sessionId"] for s in page["sessions"]] == made[::-1][:3] and page["nextCursor"]
+        second = await c.list_sessions(limit=3, cursor=page["nextCursor"])
+        assert [s["sessionId"] for s in second] == made[::-1][3:6]
+        assert [s["sessionId"] async for s in c.iter_sessions(limit=3)] == made[::-1]
+        assert [s["sessionId"] async for s in c.iter_sessions(state="broken", limit=2)] == []
+        assert [s["sessionId"] for s in await c.list_sessions()] == made[::-1], "one page, as before"
+
+
+async def test_isolate_pages_and_iter_isolated_gives_each_of_the_agents_events(daemon: Daemon,
+                                                                               namespace: str) -> None:
+    async with client(daemon.port, "solo", namespace) as solo, client(daemon.port, "other", namespace) as other:
+        sid = (await solo.create_session(["fn:s"]))["sessionId"]
+        await other.join(sid)
+        for n in range(5):
+            await solo.emit(sid, {"type": "modified", "impact": {"perfDelta": 1.0}})
+            await other.emit(sid, {"type": "modified", "data": {"n": n}})
+        page = await solo.isolate(sid, "solo", limit=4)
+        assert [e["seq"] for e in page["events"]] == [1, 2, 4, 6] and page["nextSince"] == 6
+        assert page["totalPerfDelta"] == 5.0
+        assert [e["seq"] async for e in solo.iter_isolated(sid, "solo", limit=2)] == [1, 2, 4, 6, 8, 10]

@@ -1,8 +1,13 @@
-"""The methods of SPEC section 6, each a typed call of its JSON-RPC method; `Client` inherits them."""
+"""The typed methods, each a call of its JSON-RPC method, and iterators over paged replies; `Client` inherits them.
+
+A list the daemon returns in pages (`session.get`'s events, `session.list`'s sessions, `bridge.isolate`'s
+events) has a method for one page, which hands back the next page's cursor as the daemon sent it, and an
+`iter_*` async iterator that follows the cursors and yields every item once, in the daemon's order.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from memento_sessions.client.wire import Result, compact
@@ -31,16 +36,48 @@ class Methods:
 
     async def get(self, session_id: str, *, condensed: bool = False, since: int | None = None,
                   limit: int | None = None) -> Result:
-        """`session.get`: {session, events}, or the condensed view."""
+        """`session.get`: {session, events, nextSince?}, one page of the events after `since` (`nextSince`, when
+        present, is the `since` of the next page; `iter_events` follows it), or the condensed view."""
         params = compact(sessionId=session_id, condensed=condensed or None, since=since, limit=limit)
         return await self.call("session.get", params, retry=True)
 
+    async def iter_events(self, session_id: str, since: int = 0, *, limit: int | None = None) -> AsyncIterator[Result]:
+        """Every event of the session after `since`, in seq order, read a page (`limit` events) at a time."""
+        params = compact(sessionId=session_id, since=since, limit=limit)
+        async for event in self._follow("session.get", params, "events", "nextSince", "since"):
+            yield event
+
+    async def list_sessions_page(self, *, state: str | None = None, agent_id: str | None = None,
+                                 limit: int | None = None, cursor: str | None = None) -> Result:
+        """`session.list`: {sessions, nextCursor?}, one page newest first; pass `nextCursor` back as `cursor`
+        (with the same filters) for the next."""
+        params = compact(state=state, agentId=agent_id, limit=limit, cursor=cursor)
+        return await self.call("session.list", params, retry=True)
+
     async def list_sessions(self, *, state: str | None = None, agent_id: str | None = None,
-                            limit: int | None = None) -> list[Result]:
-        """`session.list`: the sessions, newest first."""
-        result = await self.call("session.list", compact(state=state, agentId=agent_id, limit=limit), retry=True)
-        sessions: list[Result] = result["sessions"]
+                            limit: int | None = None, cursor: str | None = None) -> list[Result]:
+        """`session.list`: one page of sessions, newest first (`iter_sessions` gives them all)."""
+        page = await self.list_sessions_page(state=state, agent_id=agent_id, limit=limit, cursor=cursor)
+        sessions: list[Result] = page["sessions"]
         return sessions
+
+    async def iter_sessions(self, *, state: str | None = None, agent_id: str | None = None,
+                            limit: int | None = None) -> AsyncIterator[Result]:
+        """Every live session of the namespace (matching the filters), newest first, `limit` a page."""
+        params = compact(state=state, agentId=agent_id, limit=limit)
+        async for session in self._follow("session.list", params, "sessions", "nextCursor", "cursor"):
+            yield session
+
+    async def _follow(self, method: str, params: Result, items: str, next_key: str,
+                      param: str) -> AsyncIterator[Result]:
+        """The `items` of every page of `method`, each page asked with the previous one's `next_key` as `param`."""
+        while True:
+            page = await self.call(method, params, retry=True)
+            for item in page[items]:
+                yield item
+            if page.get(next_key) is None:
+                return
+            params = {**params, param: page[next_key]}
 
     async def emit(self, session_id: str, event: Mapping[str, Any]) -> Result:
         """`event.emit`: {seq, duplicate}; retried across a reconnect only when the event has an `id`."""
@@ -63,9 +100,19 @@ class Methods:
         transitions: list[Result] = result["transitions"]
         return transitions
 
-    async def isolate(self, session_id: str, agent_id: str) -> Result:
-        """`bridge.isolate`: {agentId, events, impacts, totalPerfDelta}."""
-        return await self.call("bridge.isolate", {"sessionId": session_id, "agentId": agent_id}, retry=True)
+    async def isolate(self, session_id: str, agent_id: str, *, since: int | None = None,
+                      limit: int | None = None) -> Result:
+        """`bridge.isolate`: {agentId, events, nextSince?, impacts, totalPerfDelta, source}; `events` is one page
+        of the agent's events after `since` (`iter_isolated` follows nextSince), the rest covers all of them."""
+        params = compact(sessionId=session_id, agentId=agent_id, since=since, limit=limit)
+        return await self.call("bridge.isolate", params, retry=True)
+
+    async def iter_isolated(self, session_id: str, agent_id: str, since: int = 0, *,
+                            limit: int | None = None) -> AsyncIterator[Result]:
+        """Every event of `agent_id` in the session after `since`, in seq order, a page at a time."""
+        params = compact(sessionId=session_id, agentId=agent_id, since=since, limit=limit)
+        async for event in self._follow("bridge.isolate", params, "events", "nextSince", "since"):
+            yield event
 
     async def handoff(self, session_id: str) -> Result:
         """`bridge.handoff`: {sessionId, state, agentIds, recentChanges, kgContext, joiningAdvice}."""
