@@ -27,11 +27,14 @@ from mcp_types import CallToolResult
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
+from memento_sessions.bridge.methods import IsolateParams
 from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import ConfigError
 from memento_sessions.mcp_http import serve_mcp
+from memento_sessions.mcp_server import build_server
 from memento_sessions.rpc import Registry
+from memento_sessions.sessions.methods import GetParams, ListParams
 from memento_sessions.settings import Settings, load_settings
 from tests.conftest import SECRET, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
@@ -617,3 +620,21 @@ async def test_every_tool_output_declares_exactly_the_keys_its_method_returns(da
     declared = set().union(*(declared_keys(schema, schema.get("$defs", {}), tool) for tool, schema in schemas.items()
                             if schema is not None))
     assert declared - seen == UNSEEN, "a key declared but never returned, or an UNSEEN key now seen"
+
+
+def constraints(schema: Schema) -> dict[str, Any]:
+    """The bounds and pattern of one property's JSON schema (of its non-null branch)."""
+    schema = next((o for o in schema.get("anyOf", []) if o.get("type") != "null"), schema)
+    return {key: schema[key] for key in ("minimum", "maximum", "pattern") if key in schema}
+
+
+@pytest.mark.parametrize(("tool", "model", "names"), [
+    ("get_session", GetParams, ["since", "limit"]), ("list_sessions", ListParams, ["limit", "cursor"]),
+    ("isolate_session", IsolateParams, ["since", "limit"])])
+async def test_paging_arguments_take_their_bounds_from_the_methods_params(tool: str, model: type[Any],
+                                                                         names: list[str]) -> None:
+    tools = {t.name: t for t in await build_server(Registry()).list_tools()}
+    params = model.model_json_schema()["properties"]
+    for name in names:
+        mine = constraints(tools[tool].input_schema["properties"][name])
+        assert mine and mine == constraints(params[name]), (tool, name)
