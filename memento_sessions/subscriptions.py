@@ -23,6 +23,7 @@ from memento_sessions.metrics import WS_REFUSED
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import Params, SessionParams
+from memento_sessions.sessions.models import Seq
 
 log = get_logger(__name__)
 REPLAY_CHUNK = 500
@@ -177,7 +178,7 @@ class Watch:
 
 
 class SubscribeParams(SessionParams):
-    since: int | None = Field(default=None, ge=0)
+    since: Seq | None = None
     epoch: str | None = Field(default=None, max_length=64)
 
 

@@ -134,3 +134,17 @@ async def test_list_is_newest_first_and_filters(daemon: Daemon, namespace: str) 
         assert [s["sessionId"] for s in (await a.call("session.list", {"state": "broken"}))["sessions"]] == [third]
         assert [s["sessionId"] for s in (await a.call("session.list", {"agentId": "bob"}))["sessions"]] == [second]
         assert len((await a.call("session.list", {"limit": 1}))["sessions"]) == 1
+
+
+@pytest.mark.parametrize("reply", [
+    "LOADING Redis is loading the dataset in memory", "BUSY Redis is busy running a script",
+    "MASTERDOWN Link with MASTER is down", "TRYAGAIN Multiple keys request during rehashing"])
+def test_a_redis_that_cannot_serve_yet_reads_as_unavailable_not_as_an_internal_error(reply: str) -> None:
+    from redis.exceptions import BusyLoadingError
+
+    from memento_sessions.backends import UNAVAILABLE
+    from memento_sessions.sessions.store import translate
+
+    error = translate(reply)
+    assert isinstance(error, BusyLoadingError) and isinstance(error, UNAVAILABLE), "answered -32050, not -32603"
+    assert not isinstance(translate("ERR something else"), UNAVAILABLE)

@@ -6,7 +6,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from memento_sessions.bridge.bridge import SessionBridge
 from memento_sessions.rpc import Call, Registry, Result
-from memento_sessions.sessions.models import ClientId, EntityId
+from memento_sessions.sessions.models import ClientId, EntityId, Seq
 
 
 class Params(BaseModel):
@@ -23,7 +23,7 @@ class TransitionsParams(SessionParams):
 
 class IsolateParams(SessionParams):
     agentId: ClientId
-    since: int = Field(default=0, ge=0)  # a previous page's nextSince
+    since: Seq = 0  # a previous page's nextSince
     limit: int | None = Field(default=None, ge=1, le=10_000)
 
 

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 from anyio.abc import TaskStatus
 
 from memento_sessions import keys
-from memento_sessions.backends import UNAVAILABLE, Backends
+from memento_sessions.backends import UNANSWERED, UNAVAILABLE, Backends
 from memento_sessions.checkpoints.anchors import prune_graph
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
@@ -157,6 +157,9 @@ async def _run_logged(job: Callable[[], Awaitable[object]]) -> None:
     """A failed run is logged and retried at the next interval, never fatal to the daemon."""
     try:
         result = await job()
+    except UNANSWERED as exc:  # a backend briefly away is expected: no traceback, the next run tries again
+        log.warning("retention run skipped: a backend did not answer", error=repr(exc))
+        return
     except Exception:
         log.exception("retention run failed")
         return

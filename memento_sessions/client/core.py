@@ -32,10 +32,11 @@ from memento_sessions.client.errors import (
 from memento_sessions.client.feeds import Subscription, Watch, _Feed
 from memento_sessions.client.methods import Methods
 from memento_sessions.client.wire import MAX_FRAME, Result, compact, encode, token_source
-from memento_sessions.errors import MementoError, RpcError
+from memento_sessions.errors import BackendUnavailable, MementoError, RateLimited, RpcError
 from memento_sessions.logs import get_logger
 
 log = get_logger("memento_sessions.client")  # the logger name the client had as one module
+PASSING = (BackendUnavailable, RateLimited)  # refusals that a later try may not get
 
 
 def refusal_reason(body: bytes | bytearray | None) -> str:
@@ -280,6 +281,10 @@ class Client(Methods):
             raise RequestTimeout(f"no reply to {method} within {self._timeout} s") from None
         finally:
             self._pending.pop(request_id, None)
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()  # failed while `send` was cut: read, so asyncio never reports it unretrieved
 
     # -- subscriptions --------------------------------------------------------------------------------------
 
@@ -324,14 +329,23 @@ class Client(Methods):
         sub._activate(result, since)
 
     async def _subscribe_quietly(self, sub: Subscription, ws: ClientConnection) -> None:
-        """Resubscribe; an error from the server (the session expired, say) ends `sub` with it."""
-        try:
-            await self._subscribe_on(sub, ws)
-        except RequestTimeout:
-            await self._abandon(ws, "session.subscribe")
-        except RpcError as exc:
-            self._subs.pop(sub.session_id, None)
-            sub._end(exc)
+        """Resubscribe. A passing refusal (backend unavailable, rate limited) is retried with backoff, then
+        on a new connection; any other error from the server (the session expired, say) ends `sub` with it."""
+        for attempt in itertools.count():
+            try:
+                await self._subscribe_on(sub, ws)
+                return
+            except RequestTimeout:
+                await self._abandon(ws, "session.subscribe")
+            except PASSING as exc:
+                if attempt >= RETRIES and not isinstance(exc, RateLimited):  # the rate limit says when: no cap
+                    await self._abandon(ws, "session.subscribe")
+                log.info("resubscribe refused for now; retrying", session_id=sub.session_id, error=str(exc))
+                await anyio.sleep(retry_delay(exc, attempt, self._backoff))
+            except RpcError as exc:
+                self._subs.pop(sub.session_id, None)
+                sub._end(exc)
+                return
 
     async def _resync(self, sub: Subscription) -> None:
         """Fetch the stream again after the last queued seq, on the same connection."""
@@ -363,3 +377,11 @@ class Client(Methods):
             except BaseException:
                 self._watches.discard(watch)
                 raise
+
+
+def retry_delay(exc: RpcError, attempt: int, backoff: tuple[float, float]) -> float:
+    """How long to wait before trying again: the server's retryAfterMs when it gave one, else backoff."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    after = data.get("retryAfterMs")
+    wait = backoff_delay(attempt, *backoff)
+    return max(wait, float(after) / 1000) if isinstance(after, int | float) else wait

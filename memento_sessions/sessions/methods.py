@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 from memento_sessions.errors import InvalidParams
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.manager import SessionManager
-from memento_sessions.sessions.models import MAX_BATCH, ClientId, EntityId, EventIn, SessionState
+from memento_sessions.sessions.models import MAX_BATCH, ClientId, EntityId, EventIn, Seq, SessionState
 from memento_sessions.sessions.storable import check_text
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/-]{1,64}$")]
@@ -34,7 +34,7 @@ class SessionParams(Params):
 
 class GetParams(SessionParams):
     condensed: bool = False
-    since: int = Field(default=0, ge=0)
+    since: Seq = 0
     limit: int | None = Field(default=None, ge=1, le=10_000)
 
 

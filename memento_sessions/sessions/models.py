@@ -18,6 +18,7 @@ EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), After
 EventType = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
 ShortText = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
 Number = Annotated[float, AfterValidator(check_number)]  # finite, |x| <= 1e12: FalkorDB and JSONB store it
+Seq = Annotated[int, Field(ge=0, le=int(MAX_MAGNITUDE))]  # a seq a client names (since, atSeq): never over 1e12
 State = Literal["working", "broken"]
 SessionState = Literal["working", "broken", "coordinating", "completed"]
 

@@ -6,7 +6,7 @@ from importlib import resources
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import BusyLoadingError, ResponseError
 
 from memento_sessions.errors import Conflict, NotFound, RpcError
 from memento_sessions.keys import SessionKeys
@@ -62,10 +62,17 @@ class FunctionStore:
 
 
 def translate(message: str) -> Exception:
-    """NOTFOUND/CONFLICT/EXISTS/FULL replies become RpcErrors; anything else stays a Redis error."""
+    """NOTFOUND/CONFLICT/EXISTS/FULL replies become RpcErrors, LOADING and the like BusyLoadingError (a
+    ConnectionError: the backend is unavailable); anything else stays a Redis error."""
     word, _, text = message.partition(" ")
     if word == "FULL":  # `FULL <reason> <detail>`: a bound was reached, -32009 with data.reason
         reason, _, detail = text.partition(" ")
         return Conflict(f"{reason.replace('_', ' ')}: {detail}", {"reason": reason})
+    if word in _NOT_ANSWERING:  # Redis is up but cannot serve yet: unavailable (-32050), retried by clients
+        return BusyLoadingError(message)
     error = _ERRORS.get(word)
     return error(text) if error else ResponseError(message)
+
+
+# A Redis loading its data, running a long script, or a replica without its primary.
+_NOT_ANSWERING = frozenset({"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"})
