@@ -52,7 +52,7 @@ example (a container's health check):
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    from memento_sessions.daemon import Daemon
+    from memento_sessions.server.daemon import Daemon
 
     anyio.run(Daemon(settings).run, backend_options=event_loop_options())
     return 0
@@ -95,7 +95,7 @@ def _ttl(value: str) -> int:
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> int:
-    from memento_sessions.check import check
+    from memento_sessions.server.check import check
 
     return anyio.run(check, settings)
 
@@ -155,7 +155,7 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """Commands that live beside their feature (kg, prune, mcp)."""
     from memento_sessions.kg.commands import register as kg_commands
-    from memento_sessions.mcp_stdio import register as mcp_command
+    from memento_sessions.mcp.stdio import register as mcp_command
 
     return [kg_commands, mcp_command]
 

@@ -40,18 +40,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_kg
-from bench_receivers import LeanCaller, lean_pubsub, lean_subscriber, masked_frame, upgraded
+from bench_receivers import LeanCaller, lean_pubsub, lean_subscriber, masked_frame, since_stamp_ms, stamp, upgraded
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity, issue_token
-from memento_sessions.daemon import settle_gc
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.logs import configure_logging
+from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.server.daemon import settle_gc
 from memento_sessions.sessions.manager import SessionManager, event_body, iso, now_ms
 from memento_sessions.sessions.models import EventIn
-from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.settings import load_settings
 
 SECRET = "bench-secret-0123456789-0123456789-abcdef"
@@ -351,7 +351,7 @@ async def receive_latencies(conn: ClientConnection, samples: list[float], count:
         if at < 0 or '"session.event"' not in frame[:60]:
             continue
         t0 = int(frame[at + 5: frame.index("}", at)])
-        samples.append((now - t0) / 1e6)
+        samples.append(since_stamp_ms(now, t0))
         got += 1
 
 
@@ -364,7 +364,7 @@ async def handoff(env: Env, subscribers: int, per_second: int, count: int) -> li
                  for n in range(subscribers)]
     async with ws(env, "emitter") as emitter:
         await paced(per_second, count, lambda: emitter.call("event.emit", {
-            "sessionId": sid, "event": {"type": "modified", "data": {"t0": time.perf_counter_ns()}}}))
+            "sessionId": sid, "event": {"type": "modified", "data": {"t0": stamp()}}}))
         await finish(receivers)
     return samples
 

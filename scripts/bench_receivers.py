@@ -16,18 +16,32 @@ from typing import TypeVar
 
 import hiredis
 
-from memento_sessions.resp import Address, connect
+from memento_sessions.redisio.resp import Address, connect
+
+# An event's numbers are at most 1e12, and perf_counter_ns passes that after 17 minutes of uptime: the
+# sender embeds its clock modulo WRAP (1,000 s), far longer than any latency measured.
+WRAP = 10**12
+
+
+def stamp() -> int:
+    """The `t0` a sender embeds: perf_counter_ns modulo WRAP."""
+    return time.perf_counter_ns() % WRAP
+
+
+def since_stamp_ms(now: int, t0: int) -> float:
+    """Milliseconds from the stamp `t0` to `now` (perf_counter_ns)."""
+    return ((now % WRAP - t0) % WRAP) / 1e6
 
 
 def latency_ms(payload: bytes, now: int) -> float | None:
-    """Milliseconds since the `t0` (perf_counter_ns) the sender embedded in the payload."""
+    """Milliseconds since the `t0` (see stamp) the sender embedded in the payload."""
     at = payload.find(b'"t0":')
     if at < 0:
         return None
     end = at + 5
     while payload[end:end + 1].isdigit():
         end += 1
-    return (now - int(payload[at + 5:end])) / 1e6
+    return since_stamp_ms(now, int(payload[at + 5:end]))
 
 
 def masked_frame(opcode: int, data: bytes) -> bytes:

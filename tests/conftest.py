@@ -18,12 +18,12 @@ import pytest
 
 from memento_sessions.auth import issue_token
 from memento_sessions.backends import Backends, open_backends
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.logs import configure_logging
+from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.settings import Settings, load_settings
 
 SECRET = "test-secret-that-is-long-enough-0123456789"

@@ -9,8 +9,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from memento_sessions import keys
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import Daemon, running
 from tests.conftest import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 

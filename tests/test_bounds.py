@@ -14,10 +14,10 @@ import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
 from memento_sessions import keys
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph
 from memento_sessions.metrics import EVENTS
+from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions import manager as manager_module
 from memento_sessions.sessions.models import KNOWN_TYPES
 from tests.conftest import make_settings, token

@@ -37,10 +37,10 @@ from prometheus_client import REGISTRY
 
 from memento_sessions import keys
 from memento_sessions.bridge.timeline import breakages
-from memento_sessions.daemon import Daemon
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.fixture import generate
 from memento_sessions.kg.loader import parse_lines
+from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import Settings
 from tests.conftest import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc

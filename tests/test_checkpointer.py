@@ -12,9 +12,9 @@ import redis.asyncio as aioredis
 from falkordb.asyncio import FalkorDB
 
 from memento_sessions import keys
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import Daemon, running
 from tests.conftest import make_settings, token
 from tests.rpcsocket import rpc
 

@@ -23,11 +23,11 @@ from memento_sessions.client import (
     Subscription,
     Unauthorized,
 )
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import Conflict, Forbidden, InvalidParams, MethodNotFound, NotFound, RpcError
 from memento_sessions.metrics import WS_SLOW_CLOSES
+from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.settings import Settings
 from tests.conftest import make_settings, token
 

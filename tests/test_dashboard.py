@@ -25,8 +25,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from memento_sessions.daemon import Daemon
 from memento_sessions.dashboard import CSP, routes
+from memento_sessions.server.daemon import Daemon
 from tests.browser import Browser, require_browser, run
 from tests.conftest import token
 from tests.rpcsocket import RpcSocket, rpc

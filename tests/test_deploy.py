@@ -22,8 +22,8 @@ import anyio
 import httpx2
 import pytest
 
-from memento_sessions.daemon import Daemon
 from memento_sessions.embedded.process import free_port
+from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import Settings, load_settings
 from tests import tools
 

@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from memento_sessions.daemon import Daemon
 from memento_sessions.errors import ConfigError
+from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import load_settings
 from tests.conftest import SECRET, token
 from tests.rpcsocket import rpc
@@ -157,7 +157,7 @@ def test_serve_on_a_busy_port_exits_2_naming_the_variables() -> None:
 async def test_with_redis_down_at_start_the_daemon_serves_and_says_so(backend_urls: object, tmp_path: object) -> None:
     from pathlib import Path
 
-    from memento_sessions.daemon import running
+    from memento_sessions.server.daemon import running
     from tests.conftest import make_settings
 
     assert isinstance(tmp_path, Path)

@@ -24,8 +24,8 @@ import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 from websockets.asyncio.client import ClientConnection, connect
 
-from memento_sessions.daemon import Daemon
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import Settings
 from tests.conftest import make_settings, token
 from tests.fuzzframes import Frame, Target, frames

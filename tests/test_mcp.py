@@ -28,12 +28,12 @@ from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from memento_sessions.bridge.methods import IsolateParams
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import ConfigError
-from memento_sessions.mcp_http import serve_mcp
-from memento_sessions.mcp_server import build_server
+from memento_sessions.mcp.http import serve_mcp
+from memento_sessions.mcp.tools import build_server
 from memento_sessions.rpc import Registry
+from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.methods import GetParams, ListParams
 from memento_sessions.settings import Settings, load_settings
 from tests.conftest import SECRET, make_settings, token

@@ -17,10 +17,10 @@ from prometheus_client import REGISTRY
 from memento_sessions import keys
 from memento_sessions.backends import Postgres
 from memento_sessions.checkpoints.snapshots import Snapshots
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import Daemon, running
 from tests.conftest import make_settings, token
 from tests.rpcsocket import rpc
 

@@ -18,8 +18,8 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.resp import Address
-from memento_sessions.sessions.pipe import Pipe
+from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.redisio.resp import Address
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,9 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 
-from memento_sessions import pubsub
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.pubsub import open_subscriber
+from memento_sessions.redisio import pubsub
+from memento_sessions.redisio.pubsub import open_subscriber
 
 pytestmark = pytest.mark.anyio
 

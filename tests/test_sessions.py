@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
-from memento_sessions.daemon import Daemon
+from memento_sessions.server.daemon import Daemon
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
 from memento_sessions.settings import Settings

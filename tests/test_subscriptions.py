@@ -18,10 +18,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from memento_sessions import keys
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.metrics import WS_SLOW_CLOSES
+from memento_sessions.server.daemon import Daemon, running
 from tests.conftest import SECRET, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 

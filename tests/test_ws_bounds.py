@@ -17,11 +17,11 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from memento_sessions.daemon import Daemon, running
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.gateway import Connection
 from memento_sessions.metrics import WS_REFUSED
-from memento_sessions.subscriptions import Subscriptions
+from memento_sessions.server.daemon import Daemon, running
+from memento_sessions.ws.connection import Connection
+from memento_sessions.ws.subscriptions import Subscriptions
 from tests.conftest import make_settings, token
 from tests.rpcsocket import rpc
 

@@ -8,9 +8,9 @@ import pytest
 from websockets.frames import Frame, Opcode
 from websockets.streams import StreamReader
 
-from memento_sessions.daemon import Daemon
-from memento_sessions.gateway import Connection
-from memento_sessions.wsframes import take_batch, text_frame
+from memento_sessions.server.daemon import Daemon
+from memento_sessions.ws.connection import Connection
+from memento_sessions.ws.frames import take_batch, text_frame
 from tests.conftest import token
 from tests.rpcsocket import rpc
 

@@ -2,6 +2,8 @@
 
 The files ship inside the package (no build step, nothing fetched from elsewhere) and are read once, at
 import: they are small, and serving them from memory keeps a disk read off every page load.
+
+A leaf: it imports nothing else of the package; server/app.py mounts its routes.
 """
 
 from __future__ import annotations

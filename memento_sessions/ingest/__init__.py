@@ -14,6 +14,8 @@ Pure code with no I/O and only the standard library, so the hook command starts 
 
 Every event is `{id, type, timestamp?, changeInfo?, stateTransition?, data?}` as `event.emitBatch` takes it,
 its id derived from the source record, so ingesting the same input twice writes nothing new.
+
+A leaf: it imports nothing else of the package.
 """
 
 from __future__ import annotations

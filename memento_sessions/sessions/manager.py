@@ -20,11 +20,11 @@ from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import Conflict, Forbidden, InvalidParams, NotFound
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMIT_SECONDS, EVENTS, REPLY_PAGES, SESSION_LIMIT_REFUSALS
+from memento_sessions.redisio.pipe import Pipe
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EventIn
 from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_of
-from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.sessions.store import FunctionStore
 from memento_sessions.settings import Settings
 

@@ -11,7 +11,7 @@ from redis.exceptions import BusyLoadingError, ResponseError
 from memento_sessions.errors import Conflict, NotFound, RpcError
 from memento_sessions.keys import SessionKeys
 from memento_sessions.logs import get_logger
-from memento_sessions.sessions.pipe import Pipe
+from memento_sessions.redisio.pipe import Pipe
 
 log = get_logger(__name__)
 LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
-from memento_sessions.pubsub import Subscriber, open_subscriber
+from memento_sessions.redisio.pubsub import Subscriber, open_subscriber
 
 log = get_logger(__name__)
 CONFIRM_TIMEOUT = 5.0

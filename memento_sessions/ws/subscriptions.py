@@ -17,9 +17,9 @@ from pydantic import Field
 
 from memento_sessions import keys
 from memento_sessions.errors import Conflict, InvalidParams
-from memento_sessions.fanout import Fanout, event_frame, frame_head, frame_seq
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_REFUSED
+from memento_sessions.redisio.fanout import Fanout, event_frame, frame_head, frame_seq
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import Params, SessionParams

@@ -61,8 +61,8 @@ def caller(settings: Settings) -> Identity:
 async def serve_stdio(settings: Settings, identity: Identity) -> None:
     """The daemon's backends and services, with the tools on stdio as `identity`."""
     from memento_sessions.backends import open_backends  # heavy (drivers, MCP SDK): not for other commands
-    from memento_sessions.mcp_server import build_server
-    from memento_sessions.services import open_services
+    from memento_sessions.mcp.tools import build_server
+    from memento_sessions.server.services import open_services
 
     endpoints = resolve(settings)
     async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends, \

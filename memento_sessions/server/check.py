@@ -6,7 +6,7 @@ import sys
 
 from memento_sessions.backends import open_backends
 from memento_sessions.endpoints import resolve
-from memento_sessions.health import Health, probe_once, probes
+from memento_sessions.server.health import Health, probe_once, probes
 from memento_sessions.settings import Settings
 
 

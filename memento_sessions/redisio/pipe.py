@@ -28,7 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import REDIS_SPIN_MISSES, REDIS_SPINS
-from memento_sessions.resp import Address, connect, pack
+from memento_sessions.redisio.resp import Address, connect, pack
 
 log = get_logger(__name__)
 CALL_TIMEOUT = 5.0

@@ -18,15 +18,15 @@ from memento_sessions.bridge import methods as bridge_methods
 from memento_sessions.checkpoints import methods as checkpoint_methods
 from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
-from memento_sessions.fanout import Fanout
-from memento_sessions.janitor import janitor
-from memento_sessions.mcp_http import serve_mcp
+from memento_sessions.mcp.http import serve_mcp
+from memento_sessions.redisio.fanout import Fanout
+from memento_sessions.redisio.pipe import Pipe
 from memento_sessions.rpc import Registry
 from memento_sessions.sessions import methods as session_methods
+from memento_sessions.sessions.janitor import janitor
 from memento_sessions.sessions.manager import SessionManager
-from memento_sessions.sessions.pipe import Pipe
 from memento_sessions.settings import Settings
-from memento_sessions.subscriptions import Subscriptions
+from memento_sessions.ws.subscriptions import Subscriptions
 
 
 @dataclass

@@ -17,7 +17,7 @@ import hiredis
 from redis.exceptions import ResponseError
 
 from memento_sessions.logs import get_logger
-from memento_sessions.resp import Address, connect, pack
+from memento_sessions.redisio.resp import Address, connect, pack
 
 log = get_logger(__name__)
 KEEPALIVE = 10.0

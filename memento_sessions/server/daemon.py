@@ -20,14 +20,14 @@ from memento_sessions.embedded.process import ChildServer
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints, postgres_dsn, remove_runtime, write_runtime
 from memento_sessions.errors import ConfigError
-from memento_sessions.health import Health, probe_forever
 from memento_sessions.logs import get_logger, guard_library_logs
 from memento_sessions.metrics import GC_PAUSE_SECONDS
+from memento_sessions.server.health import Health, probe_forever
 from memento_sessions.settings import Settings
 
 if TYPE_CHECKING:  # imported for real by load_services(), while the embedded servers start
-    from memento_sessions.gateway import Gateway
-    from memento_sessions.services import Services
+    from memento_sessions.server.services import Services
+    from memento_sessions.ws.gateway import Gateway
 
 log = get_logger(__name__)
 MAX_FRAME = 1024 * 1024
@@ -73,10 +73,10 @@ async def start_all(servers: list[ChildServer]) -> None:
 
 def load_services() -> None:
     """Import the modules that serve requests (heavy, see start_all)."""
-    import memento_sessions.app
     import memento_sessions.backends
-    import memento_sessions.gateway
-    import memento_sessions.services  # noqa: F401
+    import memento_sessions.server.app
+    import memento_sessions.server.services
+    import memento_sessions.ws.gateway  # noqa: F401
 
 
 def stop_all(servers: list[ChildServer]) -> None:
@@ -158,8 +158,8 @@ class Daemon:
 
     async def _serve(self, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
         from memento_sessions.backends import open_backends
-        from memento_sessions.gateway import Gateway
-        from memento_sessions.services import open_services
+        from memento_sessions.server.services import open_services
+        from memento_sessions.ws.gateway import Gateway
 
         secret = self.settings.auth_secret or auth_secret(self.settings.data_dir)
         async with AsyncExitStack() as stack:
@@ -178,8 +178,8 @@ class Daemon:
             tg.cancel_scope.cancel()
 
     async def _run_http(self, tg: TaskGroup, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
-        from memento_sessions.app import build_app
-        from memento_sessions.handshake import handshake_protocol
+        from memento_sessions.server.app import build_app
+        from memento_sessions.server.handshake import handshake_protocol
 
         assert self.gateway is not None and self.services is not None
         sock = self._sock

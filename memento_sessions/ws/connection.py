@@ -1,35 +1,26 @@
-"""The `/ws` endpoint: authenticate the handshake, then serve JSON-RPC over one WebSocket.
+"""One client's connection: a bounded send buffer that fan-out appends to, and the writer that drains it.
 
-Each connection has a reader (requests, answered in the order sent) and a writer fed by a
-bounded buffer. Fan-out only ever appends to that buffer; a client whose buffer overflows is
-closed with 4008 instead of slowing the publisher (see docs/flow-control.md).
+`notify` never blocks; a client whose buffer overflows is closed with 4008 instead of slowing the
+publisher (see docs/flow-control.md). When uvicorn's transport takes data, frames go straight to it
+(ws/frames.py); otherwise through ASGI `send`.
 """
 
 from __future__ import annotations
 
-import json
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from typing import Any
-from urllib.parse import parse_qs
 
 import anyio
-import structlog
-from starlette.types import Receive, Scope, Send
+from starlette.types import Send
 
-from memento_sessions.auth import AuthError, Identity, bearer, verify_token
+from memento_sessions.auth import Identity
 from memento_sessions.logs import get_logger
-from memento_sessions.metrics import WS_CONNECTIONS, WS_MESSAGES_SENT, WS_REFUSED, WS_SLOW_CLOSES
-from memento_sessions.ratelimit import TokenBucket
-from memento_sessions.rpc import Call, Registry, handle_frame
-from memento_sessions.wsframes import DirectWriter, take_batch
+from memento_sessions.metrics import WS_MESSAGES_SENT, WS_SLOW_CLOSES
+from memento_sessions.ws.frames import DirectWriter, take_batch
 
 log = get_logger(__name__)
 SLOW_CONSUMER = 4008
-TOKEN_EXPIRED = 4001
-GOING_AWAY = 1001
 CLOSE_TIMEOUT = 5.0
 
 
@@ -176,106 +167,3 @@ class Connection:
         cleanups, self._cleanups = self._cleanups, []
         for cleanup in cleanups:
             cleanup()
-
-
-class Gateway:
-    """ASGI app of `/ws`: handshake auth, then one reader and one writer per connection."""
-
-    def __init__(self, registry: Registry, secret: str, send_buffer_bytes: int, rate_limit: float = 0.0,
-                 max_connections: int = 10_000) -> None:
-        self.registry = registry
-        self.rate_limit = rate_limit
-        self.secret = secret
-        self.send_buffer_bytes = send_buffer_bytes
-        self.max_connections = max_connections
-        self.connections: set[Connection] = set()
-        self.accepting = True
-        self.closed_all = anyio.Event()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (await receive())["type"] != "websocket.connect":
-            return
-        if len(self.connections) >= self.max_connections:
-            WS_REFUSED.labels("max_connections").inc()
-            await deny(send, 503, f"too many connections (MEMENTO_MAX_CONNECTIONS={self.max_connections})")
-            return
-        try:
-            identity = verify_token(self.secret, handshake_token(scope))
-        except AuthError as exc:
-            await deny(send, 401, str(exc))
-            return
-        if not self.accepting:
-            await deny(send, 503, "shutting down")
-            return
-        await self._serve(Connection(send, identity, self.send_buffer_bytes), receive, send)
-
-    async def _serve(self, conn: Connection, receive: Receive, send: Send) -> None:
-        self.connections.add(conn)  # before the accept's await: the cap counts this connection at once
-        WS_CONNECTIONS.inc()
-        try:
-            await send({"type": "websocket.accept"})
-            with structlog.contextvars.bound_contextvars(conn_id=conn.conn_id, agent_id=conn.identity.agent_id):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._read, conn, receive, tg.cancel_scope)
-                    tg.start_soon(expire, conn)
-                    await conn.writer()
-                    tg.cancel_scope.cancel()
-        finally:
-            conn.gone(conn.close_code or 1006)
-            conn.run_cleanups()
-            self.connections.discard(conn)
-            WS_CONNECTIONS.dec()
-            if not self.accepting and not self.connections:
-                self.closed_all.set()
-
-    async def _read(self, conn: Connection, receive: Receive, scope: anyio.CancelScope) -> None:
-        call = Call(conn.identity, conn)
-        bucket = TokenBucket(self.rate_limit, self.rate_limit) if self.rate_limit > 0 else None
-        while True:
-            message = await receive()
-            if message["type"] == "websocket.disconnect":
-                conn.gone(message.get("code", 1000))
-                scope.cancel()
-                return
-            frame = message.get("text") or message.get("bytes") or b""
-            reply = await handle_frame(self.registry, call, frame, bucket)
-            if reply is not None:
-                conn.notify(reply.decode())
-
-    def shutdown(self) -> None:
-        """Stop accepting and close every connection with 1001 (going away)."""
-        self.accepting = False
-        if not self.connections:
-            self.closed_all.set()
-        for conn in list(self.connections):
-            conn.close(GOING_AWAY)
-
-
-async def expire(conn: Connection) -> None:
-    """Close the connection with 4001 when its token expires: a token is good until `exp`, not beyond."""
-    expires_at = conn.identity.expires_at
-    if expires_at is None:
-        return
-    await anyio.sleep(max(0.0, expires_at - time.time()))
-    WS_REFUSED.labels("token_expired").inc()
-    log.info("token expired; closing", conn_id=conn.conn_id)
-    conn.close(TOKEN_EXPIRED, "token expired")
-
-
-def handshake_token(scope: Scope) -> str | None:
-    """The bearer token of the Authorization header, else the `?token=` query parameter."""
-    headers: dict[bytes, bytes] = dict(scope.get("headers", []))
-    token = bearer(headers.get(b"authorization", b"").decode("latin-1"))
-    if token:
-        return token
-    query: dict[str, list[str]] = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    values = query.get("token")
-    return values[0] if values else None
-
-
-async def deny(send: Send, status: int, reason: str) -> None:
-    """Refuse the handshake with an HTTP status (ASGI websocket denial response)."""
-    body: Any = json.dumps({"error": reason}).encode()
-    await send({"type": "websocket.http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-    await send({"type": "websocket.http.response.body", "body": body})

@@ -10,8 +10,8 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.dashboard import routes as dashboard_routes
-from memento_sessions.gateway import Gateway
-from memento_sessions.health import Health
+from memento_sessions.server.health import Health
+from memento_sessions.ws.gateway import Gateway
 
 
 def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> ASGIApp:

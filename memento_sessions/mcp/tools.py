@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from memento_sessions import __version__
 from memento_sessions.auth import Identity
 from memento_sessions.errors import InvalidParams, MethodNotFound, RpcError
-from memento_sessions.mcp_models import (
+from memento_sessions.mcp.models import (
     AgentFilter,
     AgentId,
     Checkpoint,

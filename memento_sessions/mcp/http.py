@@ -22,8 +22,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.auth import AuthError, Identity, bearer, verify_token
 from memento_sessions.embedded.datadir import auth_secret
-from memento_sessions.mcp_quota import SessionQuota
-from memento_sessions.mcp_server import CALLER, build_server
+from memento_sessions.mcp.quota import SessionQuota
+from memento_sessions.mcp.tools import CALLER, build_server
 from memento_sessions.rpc import Registry
 from memento_sessions.settings import Settings
 
