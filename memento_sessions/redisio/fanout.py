@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Coroutine
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
@@ -21,6 +21,7 @@ from memento_sessions.redisio.pubsub import Subscriber, open_subscriber
 
 log = get_logger(__name__)
 CONFIRM_TIMEOUT = 5.0
+T = TypeVar("T")
 
 
 class Listener(Protocol):
@@ -128,40 +129,15 @@ class Fanout:
             self._subscriber.close()
 
 
-def frame_seq(frame: str) -> int | None:
-    """The seq of a `session.event` frame built by the Function (seq is its first param), else None."""
-    head = '{"jsonrpc":"2.0","method":"session.event","params":{"seq":'
-    if not frame.startswith(head):
-        return None
-    end = frame.find(",", len(head))
-    return int(frame[len(head):end])
+def per_message(read: Callable[[str], T]) -> Callable[[str], T]:
+    """`read`, computed once per message: every listener of a channel gets a message as the same str object
+    (`_on_push` hands `reply[2]` to each in turn), so the last result serves them all."""
+    last_frame, last = "", read("")
 
+    def once(frame: str) -> T:
+        nonlocal last_frame, last
+        if frame is not last_frame:
+            last, last_frame = read(frame), frame
+        return last
 
-def frame_epoch(frame: str) -> str:
-    """The epoch of a `session.event` frame, which follows its seq: `{"seq":N,"epoch":"E",`."""
-    start = frame.index(',"epoch":"', 50) + 10
-    return frame[start:frame.index('"', start)]
-
-
-class _Head:
-    """The (seq, epoch) of the last frame looked at: a message reaches every subscriber of its channel as
-    the same str object, so one parse serves them all."""
-
-    frame: str | None = None
-    head: tuple[int, str] | None = None
-
-
-def frame_head(frame: str) -> tuple[int, str] | None:
-    """(seq, epoch) of a `session.event` frame; None for any other frame (e.g. `session.checkpoint`)."""
-    if frame is _Head.frame:
-        return _Head.head
-    seq = frame_seq(frame)
-    head = None if seq is None else (seq, frame_epoch(frame))
-    _Head.frame, _Head.head = frame, head
-    return head
-
-
-def event_frame(session_json: str, epoch: str, member: str, seq: Any) -> str:
-    """The same frame the Function publishes, rebuilt from a stored ZSET member (for replays)."""
-    return ('{"jsonrpc":"2.0","method":"session.event","params":{"seq":' + str(int(seq)) + ',"epoch":"' + epoch +
-            '","sessionId":' + session_json + ',"event":' + member + "}}")
+    return once

@@ -15,6 +15,8 @@ local function live_session(keys)
   return {state, tonumber(ttl), epoch}
 end
 
+-- Stores one event and publishes its `session.event` frame. sessions/frames.py rebuilds the same bytes
+-- for replays and reads seq and epoch by offset: change the frame there too (tests/test_frames.py).
 local function emit_one(keys, sid_json, epoch, channel, id, body)
   if id ~= '' then
     local prior = redis.call('HGET', keys[4], id)

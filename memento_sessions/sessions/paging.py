@@ -11,6 +11,8 @@ from typing import Any
 
 import pydantic_core
 
+from memento_sessions.sessions.frames import MEMBER_HEAD, member_seq
+
 PAGE = 1000  # items in a reply when the client gives no limit
 CHUNK = 200  # events read from Redis per round trip while filling a page
 
@@ -61,6 +63,6 @@ class Page:
 def seq_of(member: str | bytes) -> int:
     """The seq of a stored event member: the Function writes it first, `{"seq":N,...`."""
     text = member.decode() if isinstance(member, bytes) else member
-    if text.startswith('{"seq":'):
-        return int(text[7:text.index(",")])
+    if text.startswith(MEMBER_HEAD):
+        return member_seq(text)
     return int(pydantic_core.from_json(text)["seq"])

@@ -16,6 +16,8 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from memento_sessions.redisio.fanout import per_message
+
 _BATCH_BYTES = 256 * 1024
 _NEEDED = ("transport", "writable", "close_sent", "handshake_complete")
 
@@ -30,18 +32,12 @@ def text_frame(data: bytes) -> bytes:
     return struct.pack("!BBQ", 0x81, 127, size) + data
 
 
-class _Last:
-    """The last frame encoded: one fanned-out message is the same str object for every subscriber."""
-
-    frame: str | None = None
-    data = b""
+def _encode(frame: str) -> bytes:
+    return text_frame(frame.encode())
 
 
-def framed(frame: str) -> bytes:
-    """The text frame of `frame`, encoded once per message however many subscribers get it."""
-    if frame is not _Last.frame:
-        _Last.frame, _Last.data = frame, text_frame(frame.encode())
-    return _Last.data
+framed = per_message(_encode)
+"""The text frame of `frame`, encoded once per message however many subscribers get it."""
 
 
 class DirectWriter:

@@ -19,8 +19,9 @@ from memento_sessions import keys
 from memento_sessions.errors import Conflict, InvalidParams
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_REFUSED
-from memento_sessions.redisio.fanout import Fanout, event_frame, frame_head, frame_seq
+from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.sessions.frames import event_frame, frame_head, frame_seq, member_seq
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import Seq
@@ -272,11 +273,6 @@ class Subscriptions:
         registry.add("session.subscribe", SubscribeParams, self.subscribe, "sessions:read")
         registry.add("session.unsubscribe", SessionParams, self.unsubscribe, "sessions:read")
         registry.add("sessions.watch", Params, self.watch, "sessions:read")
-
-
-def member_seq(member: str) -> int:
-    """The seq of a stored event, which always starts `{"seq":N,`."""
-    return int(member[7:member.index(",", 7)])
 
 
 def require_peer(call: Call) -> Feed:
