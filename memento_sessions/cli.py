@@ -154,10 +154,11 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """Commands that live beside their feature (kg, prune, mcp)."""
+    from memento_sessions.checkpoints.commands import register as prune_command
     from memento_sessions.kg.commands import register as kg_commands
-    from memento_sessions.mcp.stdio import register as mcp_command
+    from memento_sessions.server.stdio import register as mcp_command
 
-    return [kg_commands, mcp_command]
+    return [kg_commands, prune_command, mcp_command]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""`memento-sessions kg load FILE` and `memento-sessions prune`, run against the configured backends.
+"""`memento-sessions kg load FILE`, run against the configured backends.
 
 The drivers and the loader are imported when a command runs, not when the parser is built: every
 other command (and `--help`) starts without them.
@@ -20,7 +20,6 @@ from memento_sessions.settings import Settings
 if TYPE_CHECKING:
     from redis.asyncio import Redis as AsyncRedis
 
-    from memento_sessions.checkpoints.retention import PruneReport
     from memento_sessions.kg.loader import EdgeRecord, NodeRecord
 
 NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # as in tokens (auth.py)
@@ -38,15 +37,10 @@ Redis, its append-only file is rewritten so that the daemon's next start stays f
 example:
   memento-sessions kg load graph.jsonl --namespace team-a
 """
-PRUNE_EPILOG = """\
-The daemon runs both jobs on its own (once an hour, on one daemon of a cluster); this runs them now:
-KG anchors older than MEMENTO_ANCHOR_MAX_AGE_DAYS (and stub entities no longer linked), and
-failure-snapshot partitions older than MEMENTO_SNAPSHOT_MAX_AGE_DAYS. Exit 1 if a backend is down.
-"""
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `kg` and `prune` sub-commands."""
+    """Add the `kg` sub-command."""
     kg = sub.add_parser("kg", help="the codebase knowledge graph in FalkorDB (kg load FILE)",
                         description="Commands on the codebase knowledge graph kept in FalkorDB.")
     kg_sub = kg.add_subparsers(dest="kg_command", required=True, metavar="COMMAND")
@@ -58,11 +52,6 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       help="tenant namespace whose graph to load into (default: default)")
     load.add_argument("--data-dir", help=DATA_DIR_HELP)
     load.set_defaults(func=kg_load)
-    pruner = sub.add_parser("prune", help="run the retention jobs once now: old KG anchors and old "
-                            "failure-snapshot partitions", description="Run the retention jobs once and "
-                            "print what they removed.", epilog=PRUNE_EPILOG, formatter_class=RAW)
-    pruner.add_argument("--data-dir", help=DATA_DIR_HELP)
-    pruner.set_defaults(func=prune_now)
 
 
 def _namespace(value: str) -> str:
@@ -84,7 +73,7 @@ def kg_load(args: argparse.Namespace, settings: Settings) -> int:
     try:
         counts = anyio.run(_load, settings, args.namespace, nodes, edges)
     except UNANSWERED as exc:
-        return _unavailable("kg load", exc)
+        return unavailable("kg load", exc)
     print(f"loaded {counts[0]} nodes and {counts[1]} edges into namespace {args.namespace}")
     return 0
 
@@ -123,31 +112,7 @@ def _progress(done: int, total: int) -> None:
     print(f"kg load: {done}/{total} records ({100 * done // total}%)", end=end, file=sys.stderr, flush=True)
 
 
-def prune_now(args: argparse.Namespace, settings: Settings) -> int:
-    """Run both retention jobs once and print what they removed."""
-    from memento_sessions.backends import UNANSWERED
-
-    try:
-        report = anyio.run(_prune, settings)
-    except UNANSWERED as exc:
-        return _unavailable("prune", exc)
-    print(f"anchors removed: {report.anchors_removed}"
-          + "".join(f"\n  {ns}: {count}" for ns, count in sorted(report.anchors.items()) if count))
-    print(f"stub entities removed: {report.stubs_removed}")
-    print(f"snapshot partitions dropped: {len(report.partitions)}"
-          + "".join(f"\n  {name}" for name in report.partitions))
-    return 0
-
-
-def _unavailable(command: str, exc: BaseException) -> int:
+def unavailable(command: str, exc: BaseException) -> int:
+    """Say which command found a backend unavailable; exit status 1."""
     print(f"memento-sessions {command}: backend unavailable: {exc}", file=sys.stderr)
     return 1
-
-
-async def _prune(settings: Settings) -> PruneReport:
-    from memento_sessions.backends import open_backends
-    from memento_sessions.checkpoints.retention import prune
-
-    endpoints = resolve(settings)
-    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends:
-        return await prune(backends, None, settings)

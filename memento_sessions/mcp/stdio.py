@@ -1,47 +1,20 @@
-"""`memento-sessions mcp`: the MCP tools on stdin/stdout, as the agent of MEMENTO_TOKEN.
+"""The MCP tools on stdin/stdout, as the agent of MEMENTO_TOKEN.
 
-An MCP client spawns this command. It opens the same backends as the daemon (the configured URLs,
-else those of the daemon running on the data directory) and the same services, so its tools run
-the daemon's methods against the daemon's data.
+The `memento-sessions mcp` command (server/stdio.py) opens the daemon's backends and services in a
+process of its own and hands their registry to `serve` here.
 """
 
 from __future__ import annotations
 
-import argparse
-
-import anyio
+from typing import TYPE_CHECKING
 
 from memento_sessions.auth import AuthError, Identity, verify_token
 from memento_sessions.embedded.datadir import existing_auth_secret
-from memento_sessions.endpoints import resolve
 from memento_sessions.errors import ConfigError
 from memento_sessions.settings import Settings
 
-EPILOG = """\
-An MCP client's configuration, for example:
-  {"command": "memento-sessions", "args": ["mcp", "--data-dir", "/path/to/.memento"],
-   "env": {"MEMENTO_TOKEN": "<the output of memento-sessions token --agent my-agent>"}}
-The daemon (`memento-sessions serve`) must be running on that data dir, unless MEMENTO_REDIS_URL
-and MEMENTO_POSTGRES_DSN point at the backends.
-"""
-
-
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the `mcp` sub-command."""
-    mcp = sub.add_parser("mcp", help="serve the MCP tools on stdin/stdout as the agent of MEMENTO_TOKEN "
-                         "(for MCP clients that spawn their servers)", epilog=EPILOG,
-                         formatter_class=argparse.RawDescriptionHelpFormatter,
-                         description="Serve the MCP tools over stdio, as the agent whose token is in "
-                         "MEMENTO_TOKEN, on the same data as the running daemon.")
-    mcp.add_argument("--data-dir", help="data directory of the running daemon whose embedded servers to use "
-                     "(MEMENTO_DATA_DIR, default ./.memento)")
-    mcp.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace, settings: Settings) -> int:
-    """Verify the token, then serve until the client closes stdin."""
-    anyio.run(serve_stdio, settings, caller(settings))
-    return 0
+if TYPE_CHECKING:
+    from memento_sessions.rpc import Registry  # heavy (drivers): the command's parser is built without it
 
 
 def caller(settings: Settings) -> Identity:
@@ -58,13 +31,8 @@ def caller(settings: Settings) -> Identity:
         raise ConfigError(f"invalid MEMENTO_TOKEN: {exc}") from None
 
 
-async def serve_stdio(settings: Settings, identity: Identity) -> None:
-    """The daemon's backends and services, with the tools on stdio as `identity`."""
-    from memento_sessions.backends import open_backends  # heavy (drivers, MCP SDK): not for other commands
-    from memento_sessions.mcp.tools import build_server
-    from memento_sessions.server.services import open_services
+async def serve(registry: Registry, identity: Identity, rate_limit: float) -> None:
+    """Serve every method of `registry` as an MCP tool on stdio, as `identity`, until stdin closes."""
+    from memento_sessions.mcp.tools import build_server  # heavy (the MCP SDK): not for other commands
 
-    endpoints = resolve(settings)
-    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends, \
-            open_services(settings, backends, endpoints.redis_url) as services:
-        await build_server(services.registry, identity, settings.mcp_rate_limit).run_stdio_async()
+    await build_server(registry, identity, rate_limit).run_stdio_async()

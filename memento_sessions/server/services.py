@@ -18,6 +18,7 @@ from memento_sessions.bridge import methods as bridge_methods
 from memento_sessions.checkpoints import methods as checkpoint_methods
 from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
+from memento_sessions.kg import methods as kg_methods
 from memento_sessions.mcp.http import serve_mcp
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.redisio.pipe import Pipe
@@ -65,6 +66,7 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             session_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
+            kg_methods.register(registry, checkpointer.graphs)
             bridge = SessionBridge(manager, backends, settings.bridge_cache_events, settings.bridge_cache_bytes)
             bridge_methods.register(registry, bridge)
             async with serve_mcp(settings, registry) as mcp_app:

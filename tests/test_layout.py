@@ -1,0 +1,103 @@
+"""The package layout holds: a package imports only from packages below it, so no two packages form a cycle.
+
+Every import statement of every module counts, including those inside functions and under TYPE_CHECKING:
+a lazy import is still a dependency. docs/layout.md says why the order is the one below.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import memento_sessions
+
+ROOT = Path(memento_sessions.__file__).parent
+# Bottom first. Packages on one rank must not import each other.
+RANKS: list[set[str]] = [
+    {"ground"},  # the modules of the package root, cli.py excepted
+    {"redisio", "embedded", "client", "ingest", "dashboard"},
+    {"sessions"},
+    {"kg"},
+    {"checkpoints"},
+    {"bridge"},
+    {"ws", "mcp"},
+    {"server"},
+    {"cli"},
+]
+RANK = {package: rank for rank, packages in enumerate(RANKS) for package in packages}
+
+
+def package_of(module: str) -> str:
+    """The package a dotted module name (below memento_sessions) belongs to."""
+    parts = module.split(".")
+    if len(parts) > 1 or (ROOT / parts[0]).is_dir():
+        return parts[0]
+    return "cli" if parts[0] == "cli" else "ground"
+
+
+def imported(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module below memento_sessions) of every import of the package in one file."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: relative import"
+            if node.module == "memento_sessions":
+                yield from ((node.lineno, alias.name) for alias in node.names)
+            elif node.module and node.module.startswith("memento_sessions."):
+                yield node.lineno, node.module.removeprefix("memento_sessions.")
+        elif isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name.removeprefix("memento_sessions.")) for alias in node.names
+                        if alias.name.startswith("memento_sessions."))
+
+
+def edges() -> Iterator[tuple[str, str, str]]:
+    """(importing package, imported package, where) for every import that crosses a package boundary."""
+    for path in sorted(ROOT.rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        source = package_of(module)
+        for line, target in imported(path):
+            if target == "__version__":
+                target = "__init__"
+            if package_of(target) != source:
+                yield source, package_of(target), f"{path.relative_to(ROOT)}:{line} imports {target}"
+
+
+def test_every_package_has_a_rank() -> None:
+    packages = {path.parent.name for path in ROOT.glob("*/__init__.py")}
+    assert packages <= set(RANK), f"place the new package in RANKS: {sorted(packages - set(RANK))}"
+    assert packages == set(RANK) - {"ground", "cli"}
+
+
+def test_no_package_imports_one_above_or_beside_it() -> None:
+    wrong = [where for source, target, where in edges() if RANK[target] >= RANK[source]]
+    assert wrong == []
+
+
+def test_no_cycle_between_packages() -> None:
+    graph: dict[str, set[str]] = {}
+    for source, target, _ in edges():
+        graph.setdefault(source, set()).add(target)
+    done: set[str] = set()
+
+    def visit(package: str, path: tuple[str, ...]) -> None:
+        assert package not in path, f"cycle: {' -> '.join((*path, package))}"
+        if package not in done:
+            for target in sorted(graph.get(package, ())):
+                visit(target, (*path, package))
+            done.add(package)
+
+    for package in sorted(graph):
+        visit(package, ())
+    assert done == set(RANK) - {"ingest"}, "every package but ingest (standalone) imports or is imported"
+
+
+def test_the_checks_see_the_imports_they_judge() -> None:
+    """The walk finds lazy and TYPE_CHECKING imports and all three import forms (else the tests above pass
+    whatever the code does)."""
+    found = {(source, target, where.split(":")[0], where.split(" imports ")[1]) for source, target, where in edges()}
+    assert ("cli", "server", "cli.py", "server.daemon") in found  # inside a function
+    assert ("checkpoints", "checkpoints", "checkpoints/commands.py", "checkpoints.retention") not in found
+    assert ("kg", "embedded", "kg/commands.py", "embedded.redis") in found  # inside a function
+    assert ("ws", "ground", "ws/subscriptions.py", "keys") in found  # from memento_sessions import keys
+    assert ("server", "ws", "server/daemon.py", "ws.gateway") in found  # import memento_sessions.ws.gateway
+    assert ("ground", "ground", "cli.py", "__init__") not in found  # within a package: not an edge
