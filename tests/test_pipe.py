@@ -80,7 +80,7 @@ async def test_an_unreachable_redis_is_a_connection_error() -> None:
 
 async def test_an_overdue_reply_fails_the_call_and_the_next_call_uses_a_new_connection(
         backend_urls: Endpoints, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memento_sessions.sessions import pipe as pipe_module
+    from memento_sessions.redisio import pipe as pipe_module
 
     monkeypatch.setattr(pipe_module, "CALL_TIMEOUT", 0.5)
     pipe = Pipe(backend_urls.redis_url)
