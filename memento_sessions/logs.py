@@ -26,7 +26,7 @@ def configure_logging(log_format: str | None = None, level: str = "info") -> Non
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
     # Libraries that use stdlib logging (uvicorn, mcp) go to stderr at warning and above.
@@ -68,3 +68,14 @@ def get_logger(name: str) -> structlog.typing.FilteringBoundLogger:
     """A bound logger named for its module."""
     logger: structlog.typing.FilteringBoundLogger = structlog.get_logger(logger_name=name)
     return logger
+
+
+class _Stderr:
+    """Whatever sys.stderr is when a line is written, not when logging was configured: a stream swapped
+    for a while (a test's capture, a daemon embedded in another program) and then closed is never held."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
