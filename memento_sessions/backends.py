@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
+from typing import Any, cast
 
 import asyncpg
 import redis.asyncio as aioredis
 from falkordb.asyncio import FalkorDB
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from memento_sessions.errors import BackendUnavailable, ConfigError
+from memento_sessions.cluster_url import ClusterUrl, is_cluster
+from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
 from memento_sessions.settings import Settings
 
@@ -44,15 +48,52 @@ def translated(backend: str) -> Iterator[None]:
 
 
 def redis_client(url: str) -> aioredis.Redis:
-    """A redis-py asyncio client that retries transient errors with jittered backoff."""
-    if url.startswith("redis+cluster://"):
-        raise ConfigError("invalid MEMENTO_REDIS_URL: redis+cluster:// is not supported yet")
+    """A redis-py asyncio client that retries transient errors with jittered backoff.
+
+    For a `redis+cluster://` URL, a RedisCluster: it routes every command by its key's slot and follows
+    MOVED/ASK. It is typed as a Redis because the daemon sends it only commands a cluster serves the same
+    way: single-slot reads and writes, pipelines and transactions within one session's hash tag, Functions
+    whose keys share a slot, and FUNCTION LOAD (sent to every primary).
+    """
+    if is_cluster(url):
+        return cast(aioredis.Redis, cluster_client(ClusterUrl.parse(url)))
     retry = Retry(ExponentialWithJitterBackoff(base=0.02, cap=1.0), retries=3)
     return aioredis.Redis.from_url(
         url, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0, retry=retry,
         retry_on_error=[RedisConnectionError, RedisTimeoutError], health_check_interval=30,
         max_connections=512,
     )
+
+
+def cluster_client(url: ClusterUrl) -> RedisCluster:
+    """A redis-py RedisCluster on the URL's seed nodes, connected (and its topology read) on first use."""
+    retry = AsyncRetry(ExponentialWithJitterBackoff(base=0.02, cap=1.0), retries=3)
+    client = RedisCluster(
+        startup_nodes=[ClusterNode(host, port) for host, port in url.nodes], username=url.username,
+        password=url.password, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0, retry=retry,
+        max_connections=512,
+    )
+    client.response_callbacks = _KeysDropped(client.response_callbacks)
+    return client
+
+
+class _KeysDropped(dict[str, Callable[..., Any]]):
+    """Response callbacks that ignore a `keys=` argument: redis-py 8.1's async cluster transactions pass it
+    to every callback (its other paths drop it first), and HGETALL's, among others, takes none."""
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        callback = super().__getitem__(name)
+
+        def call(response: Any, **kwargs: Any) -> Any:
+            kwargs.pop("keys", None)
+            return callback(response, **kwargs)
+
+        return call
+
+
+def is_cluster_client(client: object) -> bool:
+    """Whether a client from redis_client() talks to a Redis Cluster."""
+    return isinstance(client, RedisCluster)
 
 
 class Postgres:

@@ -1,7 +1,8 @@
 """Every Redis key and channel name, built here and nowhere else.
 
 All keys of one session share the hash tag `{<sessionId>}`, so a session lives in one Cluster slot
-and one Redis Function call may touch all of them.
+and one Redis Function call may touch all of them; so does the session's pub/sub channel, which the
+Functions SPUBLISH on a Redis Cluster (a shard channel must hash to the slot of the call's keys).
 """
 
 from __future__ import annotations
@@ -42,8 +43,14 @@ def namespaces() -> str:
 
 
 def session_channel(ns: str, session_id: str) -> str:
-    """Pub/sub channel of one session's events and checkpoints."""
-    return f"{PREFIX}:{ns}:session:{session_id}"
+    """Pub/sub channel of one session's events and checkpoints. It carries the session's hash tag: on a
+    Redis Cluster the session's Functions SPUBLISH it from the session's own slot."""
+    return f"{PREFIX}:{ns}:{{{session_id}}}:channel"
+
+
+def sharded(channel: str) -> bool:
+    """Whether `channel` is a session's (sharded on a Redis Cluster), not a namespace's or a daemon's."""
+    return channel.endswith("}:channel")
 
 
 def announce_channel(ns: str) -> str:

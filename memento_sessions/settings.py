@@ -6,9 +6,10 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.errors import ConfigError
 
 
@@ -18,7 +19,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MEMENTO_", env_file=".env", frozen=True, extra="ignore")
 
     redis_url: str | None = None
-    falkordb_url: str | None = None
+    falkordb_url: str | None = Field(default=None, validate_default=True)
     kg_graph: str = Field(default="memento", pattern=r"^[A-Za-z0-9_]{1,64}$")
     postgres_dsn: str | None = None
     auth_secret: str | None = Field(default=None, min_length=32)
@@ -57,6 +58,23 @@ class Settings(BaseSettings):
         schemes = ("redis://", "rediss://", "redis+cluster://", "unix://")
         if value is not None and not value.startswith(schemes):
             raise ValueError(f"must start with one of {', '.join(schemes)}")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _cluster_url(cls, value: str | None) -> str | None:
+        if is_cluster(value) and value is not None:
+            ClusterUrl.parse(value)  # a bad node list is refused here, before any server starts
+        return value
+
+    @field_validator("falkordb_url")
+    @classmethod
+    def _falkordb_standalone(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if is_cluster(value):
+            raise ValueError("FalkorDB runs standalone: give a redis:// or unix:// URL")
+        if value is None and is_cluster(info.data.get("redis_url")):
+            raise ValueError("must be set (a standalone FalkorDB, redis:// or unix://) when MEMENTO_REDIS_URL "
+                             "is redis+cluster://")
         return value
 
     @field_validator("mcp_allowed_hosts")

@@ -3,6 +3,9 @@
 Set MEMENTO_TEST_REDIS_URL / MEMENTO_TEST_POSTGRES_DSN to use servers of your own instead. When a
 Docker engine is reachable and testcontainers is installed, containers are started instead of the
 embedded servers (MEMENTO_TEST_DOCKER=0 turns that off).
+MEMENTO_TEST_TOPOLOGY=cluster runs the suite on a local 3-primary Redis Cluster (tests/cluster.py) with
+the embedded Redis as a standalone FalkorDB; the tests whose subject does not depend on the Redis
+topology (TOPOLOGY_INDEPENDENT) are skipped in that run.
 Each test is isolated by its own namespace, never by FLUSHALL.
 """
 
@@ -25,9 +28,38 @@ from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.logs import configure_logging
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.settings import Settings, load_settings
+from tests.cluster import LocalCluster
 
 SECRET = "test-secret-that-is-long-enough-0123456789"
+TOPOLOGY = os.environ.get("MEMENTO_TEST_TOPOLOGY", "single")
+# Modules whose subject is the same on any Redis topology (or needs none): run once, on single Redis.
+# test_pipe and test_pubsub drive one raw connection to one node (test_cluster drives them on a cluster).
+TOPOLOGY_INDEPENDENT = frozenset({
+    "test_embedded", "test_deploy", "test_ingest_convert", "test_dashboard", "test_cli", "test_layout",
+    "test_pipe", "test_pubsub", "test_daemon_process", "test_restart", "test_chaos",
+})
+_CLUSTER: list[LocalCluster] = []  # the session's cluster, in the cluster run
+_FALKORDB: list[str] = []  # the standalone FalkorDB's URL, in the cluster run
+_SINGLE: list[str] = []  # the session's single Redis (with FalkorDB), in the single run
 configure_logging("console", "warning")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "topology_independent: run on single Redis only (skipped in the cluster run)")
+    if TOPOLOGY not in ("single", "cluster"):
+        raise pytest.UsageError(f"MEMENTO_TEST_TOPOLOGY must be single or cluster, not {TOPOLOGY!r}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The cluster run skips the topology-independent tests; the single run skips test_cluster when told
+    to (scripts/test runs it in the cluster run only)."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        independent = module in TOPOLOGY_INDEPENDENT or item.get_closest_marker("topology_independent")
+        if TOPOLOGY == "cluster" and independent:
+            item.add_marker(pytest.mark.skip(reason="topology-independent: runs in the single-Redis run"))
+        elif module == "test_cluster" and os.environ.get("MEMENTO_TEST_TOPOLOGY") == "single":
+            item.add_marker(pytest.mark.skip(reason="cluster-only: runs in the cluster run"))
 
 
 @pytest.fixture(scope="session")
@@ -44,12 +76,23 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
         yield from _containers()
         return
     base = tmp_path_factory.mktemp("backends")
-    started = []
+    started: list[EmbeddedRedis | EmbeddedPostgres | LocalCluster] = []
+    if TOPOLOGY == "cluster" and not redis_url:
+        falkordb = EmbeddedRedis(base / "falkordb")
+        falkordb.start()
+        cluster = LocalCluster(base / "cluster")
+        started += [falkordb, cluster]
+        cluster.start()
+        _CLUSTER.append(cluster)
+        _FALKORDB.append(falkordb.url)
+        redis_url = cluster.url
     if not redis_url:
         redis = EmbeddedRedis(base / "redis")
         redis.start()
         started.append(redis)
         redis_url = redis.url
+    if not redis_url.startswith("redis+cluster://"):
+        _SINGLE[:] = [redis_url]
     if not postgres_dsn:
         postgres = EmbeddedPostgres(base / "postgres")
         postgres.start()
@@ -60,6 +103,28 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
     finally:
         for server in started:
             server.stop()
+        _CLUSTER.clear()
+
+
+@pytest.fixture(scope="session")
+def cluster(backend_urls: Endpoints, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """The session's Redis Cluster in the cluster run; else one started for the tests that ask for it."""
+    if _CLUSTER:
+        yield _CLUSTER[0]
+        return
+    own = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    own.start()
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+def falkordb_url(urls: Endpoints) -> str | None:
+    """Where the graphs live: the standalone FalkorDB when the Redis URL is a cluster's."""
+    if not urls.redis_url.startswith("redis+cluster://"):
+        return None
+    return (_FALKORDB or _SINGLE)[0]  # in the single run, the session's Redis serves test_cluster's graphs
 
 
 def docker_reachable() -> bool:
@@ -101,6 +166,7 @@ def make_settings(urls: Endpoints, data_dir: Path, **overrides: object) -> Setti
     values: dict[str, object] = {
         "redis_url": urls.redis_url, "postgres_dsn": urls.postgres_dsn, "auth_secret": SECRET,
         "port": 0, "data_dir": data_dir, "log_format": "console", "log_level": "warning",
+        "falkordb_url": falkordb_url(urls),
     }
     values.update(overrides)
     return load_settings(**values)

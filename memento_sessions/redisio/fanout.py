@@ -1,8 +1,13 @@
-"""One Redis pub/sub connection per daemon, shared by every local subscriber.
+"""One Redis pub/sub connection per daemon, shared by every local subscriber (plus, on a Redis Cluster,
+one per primary for the sessions' sharded channels: shards.py).
 
 Channels are subscribed when their first local listener arrives and dropped with the last. If Redis
 drops the connection (restart, `CLIENT KILL TYPE pubsub`), the loop reconnects with backoff,
 re-subscribes every channel and tells every listener to catch up from the ZSET by seq.
+
+On a Redis Cluster, a session's channel (it carries the session's hash tag) is SSUBSCRIBEd on the
+primary of its slot; the daemon's own channel and the namespaces' announcement channels (PUBLISHed,
+which a cluster relays to every node) stay on this connection, made to any seed node that answers.
 """
 
 from __future__ import annotations
@@ -15,9 +20,13 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError
 
+from memento_sessions.backends import cluster_client
+from memento_sessions.cluster_url import ClusterUrl, is_cluster
+from memento_sessions.keys import sharded
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
 from memento_sessions.redisio.pubsub import Subscriber, open_subscriber
+from memento_sessions.redisio.shards import Shards
 
 log = get_logger(__name__)
 CONFIRM_TIMEOUT = 5.0
@@ -44,8 +53,19 @@ class Fanout:
         self._confirmed: dict[str, anyio.Event] = {}
         self._subscriber: Subscriber | None = None
         self._catch_up = False
+        self._stale: set[str] = set()  # sharded channels whose listeners catch up once resubscribed
         self._tg: TaskGroup | None = None
         self.reconnects = 0
+        self.urls = [redis_url]
+        self.shards: Shards | None = None
+        if is_cluster(redis_url):
+            cluster = ClusterUrl.parse(redis_url)
+            self.urls = [cluster.node_url(host, port) for host, port in cluster.nodes]
+            self.shards = Shards(cluster, cluster_client(cluster), self._on_push, self.spawn, self.listeners,
+                                 self._stale.add)
+
+    def _sharded(self, channel: str) -> bool:
+        return self.shards is not None and sharded(channel)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Keep the connection up forever, reconnecting with jittered backoff.
@@ -68,11 +88,12 @@ class Fanout:
                 delay = min(delay * 2, 2.0)
 
     async def _session(self) -> None:
-        subscriber = await open_subscriber(self.url, self._on_push)
+        url = self.urls[self.reconnects % len(self.urls)]  # on a cluster, the next seed node after a failure
+        self.reconnects += 1
+        subscriber = await open_subscriber(url, self._on_push)
         try:
-            self._catch_up = self.reconnects > 0
-            self.reconnects += 1
-            subscriber.command("SUBSCRIBE", self.control, *self.listeners)
+            self._catch_up = self.reconnects > 1
+            subscriber.command("SUBSCRIBE", self.control, *(ch for ch in self.listeners if not self._sharded(ch)))
             self._subscriber = subscriber
             reason = await subscriber.closed
             log.warning("pub/sub connection closed", reason=repr(reason))
@@ -83,27 +104,37 @@ class Fanout:
 
     def _on_push(self, reply: list[Any]) -> None:
         kind = reply[0]
-        if kind == "message":
+        if kind in ("message", "smessage"):
             for listener in tuple(self.listeners.get(reply[1], ())):
                 listener.on_message(reply[2])
-        elif kind == "subscribe":
+        elif kind in ("subscribe", "ssubscribe"):
             self._confirmed.setdefault(reply[1], anyio.Event()).set()
             if reply[1] == self.control and self._catch_up:
                 self._catch_up = False
                 self._catch_up_all()
+            elif reply[1] in self._stale:
+                self._stale.discard(reply[1])
+                self._catch_up_channel(reply[1])
+        elif kind == "sunsubscribe" and self.shards is not None:
+            self.shards.moved(reply[1])
 
     def _catch_up_all(self) -> None:
-        for listeners in self.listeners.values():
-            for listener in tuple(listeners):
-                listener.on_reconnect()
+        for channel in [ch for ch in self.listeners if not self._sharded(ch)]:
+            self._catch_up_channel(channel)
+
+    def _catch_up_channel(self, channel: str) -> None:
+        for listener in tuple(self.listeners.get(channel, ())):
+            listener.on_reconnect()
 
     async def attach(self, channel: str, listener: Listener) -> None:
         """Feed `listener` from `channel`; returns once Redis confirmed the subscription."""
         listeners = self.listeners.setdefault(channel, set())
         listeners.add(listener)
-        if len(listeners) == 1 and self._subscriber is not None:
-            self._subscriber.command("SUBSCRIBE", channel)
         with anyio.fail_after(CONFIRM_TIMEOUT):
+            if len(listeners) == 1 and self.shards is not None and sharded(channel):
+                await self.shards.add(channel)
+            elif len(listeners) == 1 and self._subscriber is not None:
+                self._subscriber.command("SUBSCRIBE", channel)
             await self._confirmed.setdefault(channel, anyio.Event()).wait()
 
     def detach(self, channel: str, listener: Listener) -> None:
@@ -115,7 +146,10 @@ class Fanout:
         if not listeners:
             del self.listeners[channel]
             self._confirmed.pop(channel, None)
-            if self._subscriber is not None:
+            self._stale.discard(channel)
+            if self.shards is not None and sharded(channel):
+                self.shards.remove(channel)
+            elif self._subscriber is not None:
                 self._subscriber.command("UNSUBSCRIBE", channel)
 
     def spawn(self, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -124,9 +158,12 @@ class Fanout:
             self._tg.start_soon(func)
 
     async def aclose(self) -> None:
-        """Close the connection; safe twice."""
+        """Close the connections; safe twice."""
         if self._subscriber is not None:
             self._subscriber.close()
+        if self.shards is not None:
+            self.shards.close()
+            await self.shards.topology.aclose()
 
 
 def per_message(read: Callable[[str], T]) -> Callable[[str], T]:

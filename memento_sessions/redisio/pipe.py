@@ -186,6 +186,14 @@ class Pipe:
         protocol = await self._connected()
         return await protocol.send(pack(args))  # the connection's watchdog enforces CALL_TIMEOUT
 
+    async def call_asking(self, *args: str | int | float) -> Any:
+        """ASKING and the command back to back on one connection: a Redis Cluster slot being migrated
+        serves the command on the importing node only right after ASKING."""
+        protocol = await self._connected()
+        asking, reply = protocol.send(pack(("ASKING",))), protocol.send(pack(args))
+        await asking
+        return await reply
+
     async def _connected(self) -> _Protocol:
         protocol = self._protocol
         if protocol is not None and protocol.lost is None:

@@ -20,9 +20,10 @@ from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
 from memento_sessions.kg import methods as kg_methods
 from memento_sessions.mcp.http import serve_mcp
+from memento_sessions.redisio.cluster import open_pipe
 from memento_sessions.redisio.fanout import Fanout
-from memento_sessions.redisio.pipe import Pipe
 from memento_sessions.rpc import Registry
+from memento_sessions.sessions import conversation as conversation_methods
 from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.janitor import janitor
 from memento_sessions.sessions.manager import SessionManager
@@ -52,7 +53,7 @@ class Services:
 async def open_services(settings: Settings, backends: Backends, redis_url: str) -> AsyncIterator[Services]:
     """Build the services, start their background tasks and register their methods."""
     registry = Registry()
-    pipe = Pipe(redis_url, settings.redis_spin_us) if Pipe.supports(redis_url) else None
+    pipe = open_pipe(redis_url, backends.redis, settings.redis_spin_us)
     manager = SessionManager(backends.redis, settings, pipe)
     await manager.start()
     fanout = Fanout(redis_url, keys.daemon_channel(uuid.uuid4().hex))
@@ -64,6 +65,7 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             await tg.start(checkpointer.run)
             await tg.start(run_while_leader, Lease(backends.redis), retention_job(backends, settings))
             session_methods.register(registry, manager)
+            conversation_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
             kg_methods.register(registry, checkpointer.graphs)

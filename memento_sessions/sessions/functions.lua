@@ -4,6 +4,10 @@
 -- Errors start with a word the Python side maps to a JSON-RPC error: NOTFOUND, CONFLICT, EXISTS, FULL
 -- (FULL's second word is the reason: session_full, namespace_full).
 
+-- How a session's frames are published: sessions/store.py loads 'SPUBLISH' on a Redis Cluster, where the
+-- session's channel is a shard channel in the session's own slot (announcements stay PUBLISH: relayed to all).
+local SESSION_PUBLISH = 'PUBLISH'
+
 local function refresh(keys, ttl)
   for i = 1, 4 do redis.call('EXPIRE', keys[i], ttl) end
 end
@@ -26,7 +30,7 @@ local function emit_one(keys, sid_json, epoch, channel, id, body)
   if id ~= '' then redis.call('HSET', keys[4], id, seq) end
   local member = '{"seq":' .. seq .. ',' .. body
   redis.call('ZADD', keys[2], seq, member)
-  redis.call('PUBLISH', channel,
+  redis.call(SESSION_PUBLISH, channel,
     '{"jsonrpc":"2.0","method":"session.event","params":{"seq":' .. seq .. ',"epoch":"' .. epoch ..
     '","sessionId":' .. sid_json ..
     ',"event":' .. member .. '}}')
@@ -141,7 +145,7 @@ local function checkpoint(keys, args)
     redis.call('HSET', keys[1], 'state', 'completed')
     refresh(keys, tonumber(args[4]))
   end
-  redis.call('PUBLISH', args[5], args[6])
+  redis.call(SESSION_PUBLISH, args[5], args[6])
   redis.call('PUBLISH', args[7], args[8])
   return state
 end

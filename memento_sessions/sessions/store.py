@@ -8,6 +8,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import BusyLoadingError, ResponseError
 
+from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Conflict, NotFound, RpcError
 from memento_sessions.keys import SessionKeys
 from memento_sessions.logs import get_logger
@@ -15,6 +16,7 @@ from memento_sessions.redisio.pipe import Pipe
 
 log = get_logger(__name__)
 LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()
+_PUBLISH = "local SESSION_PUBLISH = 'PUBLISH'"
 _ERRORS: dict[str, type[RpcError]] = {"NOTFOUND": NotFound, "CONFLICT": Conflict, "EXISTS": Conflict}
 
 
@@ -24,10 +26,12 @@ class FunctionStore:
     def __init__(self, redis: aioredis.Redis, pipe: Pipe | None = None) -> None:
         self.redis = redis
         self.pipe = pipe
+        self.library = library(cluster=is_cluster_client(redis))
 
     async def load(self) -> None:
-        """(Re)load the library; REPLACE makes this safe for every daemon at every start."""
-        await self.redis.function_load(LIBRARY, replace=True)
+        """(Re)load the library; REPLACE makes this safe for every daemon at every start. On a Redis Cluster
+        redis-py sends FUNCTION LOAD to every primary (a promoted replica has it already: it replicates)."""
+        await self.redis.function_load(self.library, replace=True)
 
     async def call(self, function: str, keys: SessionKeys, *args: str | int | float) -> Any:
         """FCALL `function`; a function error becomes its JSON-RPC error."""
@@ -61,6 +65,12 @@ class FunctionStore:
         return await self.redis.fcall(function, 4, *keys.all(), *args)
 
 
+def library(*, cluster: bool) -> str:
+    """The library's code: on a Redis Cluster, sessions' frames are SPUBLISHed (see functions.lua)."""
+    assert _PUBLISH in LIBRARY
+    return LIBRARY.replace(_PUBLISH, _PUBLISH.replace("'PUBLISH'", "'SPUBLISH'")) if cluster else LIBRARY
+
+
 def translate(message: str) -> Exception:
     """NOTFOUND/CONFLICT/EXISTS/FULL replies become RpcErrors, LOADING and the like BusyLoadingError (a
     ConnectionError: the backend is unavailable); anything else stays a Redis error."""
@@ -74,5 +84,6 @@ def translate(message: str) -> Exception:
     return error(text) if error else ResponseError(message)
 
 
-# A Redis loading its data, running a long script, or a replica without its primary.
-_NOT_ANSWERING = frozenset({"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN"})
+# A Redis loading its data, running a long script, a replica without its primary, or a cluster that lost
+# a slot's primary (CLUSTERDOWN) or is migrating a slot (TRYAGAIN).
+_NOT_ANSWERING = frozenset({"LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN"})

@@ -1,0 +1,156 @@
+"""Sharded pub/sub on a Redis Cluster: SSUBSCRIBE per session channel, one connection per primary.
+
+A session's channel carries the session's hash tag, so its Function SPUBLISHes it on the primary that
+holds the session, and only that primary's subscribers get the frame: nothing crosses the cluster bus,
+and a daemon with no listener for a shard's sessions gets none of its traffic. A shard's connection is
+opened with the first local listener of one of its channels and closed with the last.
+
+When a shard's connection ends (the primary failed over, restarted, or killed it) or Redis moves a slot
+(it then unsubscribes the slot's channels itself), the topology is read again and every channel is
+subscribed on its primary anew; the fan-out then tells its listeners to catch up from the stored history.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Collection, Coroutine, Mapping
+from typing import Any
+
+import anyio
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
+from redis.exceptions import RedisError
+
+from memento_sessions.cluster_url import ClusterUrl
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import BACKEND_ERRORS
+from memento_sessions.redisio.pubsub import Push, Subscriber, open_subscriber
+
+log = get_logger(__name__)
+RETRY_DELAY = 0.2
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
+
+class Shard:
+    """The SSUBSCRIBE connection to one primary and the channels it carries."""
+
+    def __init__(self, name: str, url: str, owner: Shards) -> None:
+        self.name, self.url, self.owner = name, url, owner
+        self.channels: set[str] = set()
+        self.subscriber: Subscriber | None = None
+        self.closing = False
+
+    def add(self, channel: str) -> None:
+        self.channels.add(channel)
+        if self.subscriber is not None:
+            self.subscriber.command("SSUBSCRIBE", channel)
+
+    def remove(self, channel: str) -> None:
+        self.channels.discard(channel)
+        if self.subscriber is not None:
+            self.subscriber.command("SUNSUBSCRIBE", channel)
+
+    async def run(self) -> None:
+        """Connect, subscribe every channel, and hand them back to the owner when the connection ends."""
+        reason: BaseException | None
+        try:
+            subscriber = await open_subscriber(self.url, self.owner.on_push)
+        except (RedisError, OSError) as exc:
+            reason = exc
+            await anyio.sleep(RETRY_DELAY * (0.5 + random.random()))  # the primary may be failing over
+        else:
+            if self.closing:
+                subscriber.close()
+                return
+            self.subscriber = subscriber
+            if self.channels:
+                subscriber.command("SSUBSCRIBE", *self.channels)
+            reason = await subscriber.closed
+            self.subscriber = None
+            subscriber.close()
+        if not self.closing:
+            BACKEND_ERRORS.labels("redis").inc()
+            log.warning("sharded pub/sub connection lost; resubscribing", shard=self.name, reason=repr(reason))
+            self.owner.lost(self)
+
+    def close(self) -> None:
+        """Drop the connection for good (its last channel left)."""
+        self.closing = True
+        if self.subscriber is not None:
+            self.subscriber.close()
+
+
+class Shards:
+    """Which primary's connection carries each sharded channel that has local listeners."""
+
+    def __init__(self, url: ClusterUrl, topology: RedisCluster, on_push: Push, spawn: Spawn,
+                 listeners: Mapping[str, Collection[object]], resubscribed: Callable[[str], None]) -> None:
+        """`listeners`: the fan-out's channels (a channel without listeners is not resubscribed);
+        `resubscribed(channel)`: called before a channel is subscribed anew (its listeners must catch up)."""
+        self.url, self.topology, self.on_push, self.spawn = url, topology, on_push, spawn
+        self.listeners, self.resubscribed = listeners, resubscribed
+        self.conns: dict[str, Shard] = {}
+        self.home: dict[str, Shard] = {}
+
+    async def add(self, channel: str) -> None:
+        """Subscribe `channel` on its primary's connection (opened if it is the shard's first)."""
+        await self.topology.initialize()
+        node = self.topology.nodes_manager.get_node_from_slot(key_slot(channel.encode()))
+        if self.home.get(channel) is not None:
+            return
+        shard = self.conns.get(node.name)
+        if shard is None:
+            shard = self.conns[node.name] = Shard(node.name, self.url.node_url(node.host, int(node.port)), self)
+            self.spawn(shard.run)
+        self.home[channel] = shard
+        shard.add(channel)
+
+    def remove(self, channel: str) -> None:
+        """Unsubscribe `channel`; its shard's connection closes with its last channel."""
+        shard = self.home.pop(channel, None)
+        if shard is None:
+            return
+        shard.remove(channel)
+        if not shard.channels:
+            shard.close()
+            if self.conns.get(shard.name) is shard:
+                del self.conns[shard.name]
+
+    def moved(self, channel: str) -> None:
+        """Redis unsubscribed `channel` itself (its slot moved): subscribe it where it lives now."""
+        shard = self.home.get(channel)
+        if shard is not None and channel in self.listeners:
+            shard.channels.discard(channel)
+            del self.home[channel]
+            self.spawn(lambda: self._rehome([channel]))
+
+    def lost(self, shard: Shard) -> None:
+        """`shard`'s connection ended: every channel it carried goes to its primary of now."""
+        if self.conns.get(shard.name) is shard:
+            del self.conns[shard.name]
+        channels = [channel for channel in shard.channels if self.home.get(channel) is shard]
+        for channel in channels:
+            del self.home[channel]
+        shard.closing = True
+        self.spawn(lambda: self._rehome(channels))
+
+    async def _rehome(self, channels: list[str]) -> None:
+        delay = 0.05
+        while channels := [ch for ch in channels if ch in self.listeners and ch not in self.home]:
+            try:
+                await self.topology.nodes_manager.initialize()
+                for channel in channels:
+                    self.resubscribed(channel)
+                    await self.add(channel)
+                return
+            except (RedisError, OSError) as exc:
+                BACKEND_ERRORS.labels("redis").inc()
+                log.warning("cluster topology unreadable; retrying", error=repr(exc), retry_in=round(delay, 3))
+            await anyio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 2.0)
+
+    def close(self) -> None:
+        """Close every shard's connection."""
+        for shard in list(self.conns.values()):
+            shard.close()
+        self.conns, self.home = {}, {}

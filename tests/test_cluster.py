@@ -1,0 +1,229 @@
+"""A Redis Cluster of three primaries under the daemon: slots, sharded pub/sub across daemons, a restarted
+primary, MOVED/ASK during a slot migration, and URL errors found before anything starts.
+
+Runs on the session's cluster in the cluster run (MEMENTO_TEST_TOPOLOGY=cluster), else on one of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from memento_sessions import keys
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.errors import ConfigError
+from memento_sessions.server.daemon import running
+from memento_sessions.settings import load_settings
+from tests.cluster import PASSWORD, LocalCluster
+from tests.conftest import make_settings, token
+from tests.rpcsocket import RpcSocket, rpc
+
+pytestmark = pytest.mark.anyio
+
+
+def on_cluster(urls: Endpoints, cluster: LocalCluster) -> Endpoints:
+    return Endpoints(cluster.url, urls.postgres_dsn)
+
+
+async def seqs_until(peer: RpcSocket, last: int, timeout: float = 30) -> list[int]:
+    """Seqs of session.event notifications in arrival order until `last` arrived."""
+    seqs: list[int] = []
+    with anyio.fail_after(timeout):
+        while not seqs or seqs[-1] < last:
+            seqs.append((await peer.notification("session.event", timeout))["params"]["seq"])
+    return seqs
+
+
+def node(cluster: LocalCluster, port: int) -> aioredis.Redis:
+    return aioredis.Redis(port=port, password=PASSWORD, decode_responses=True)
+
+
+async def test_a_sessions_keys_and_channel_live_in_one_slot_on_one_primary(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
+    async with running(settings) as daemon, rpc(daemon.port, token("a", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["e1"]}))["sessionId"]
+        await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "x1"}})
+    skeys = keys.session_keys(namespace, sid)
+    names = [*skeys.all(), keys.session_channel(namespace, sid), keys.checkpoint_lock(namespace, sid),
+             keys.pending_snapshots(namespace, sid)]
+    assert len({key_slot(name.encode()) for name in names}) == 1
+    holder = node(cluster, cluster.port_of(skeys.session))
+    try:
+        assert {await holder.execute_command("CLUSTER", "KEYSLOT", name) for name in names} == {key_slot(skeys.session.encode())}
+        assert await holder.exists(*skeys.all()) == 4  # session, events, agents, ids: all on that primary
+    finally:
+        await holder.aclose()
+
+
+async def test_the_function_library_is_on_every_primary_and_reloaded_where_lost(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
+    async with running(settings) as daemon, rpc(daemon.port, token("a", namespace)) as peer:
+        for port in cluster.ports:
+            primary = node(cluster, port)
+            libraries = await primary.function_list(library="memento_v1", withcode=True)
+            fields = dict(zip(libraries[0][::2], libraries[0][1::2], strict=True))  # RESP2: a flat list
+            code = fields["library_code"]
+            assert "local SESSION_PUBLISH = 'SPUBLISH'" in code, port
+            await primary.aclose()
+        sid = (await peer.call("session.create", {}))["sessionId"]
+        holder = node(cluster, cluster.port_of(keys.session_keys(namespace, sid).session))
+        await holder.function_flush()  # a primary that came back empty
+        await holder.aclose()
+        emitted = await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified"}})
+        assert emitted["seq"] == 1
+
+
+async def test_subscribers_on_daemon_b_get_every_event_emitted_through_a_while_a_shard_connection_is_killed(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    urls = on_cluster(backend_urls, cluster)
+    total = 400
+    async with running(make_settings(urls, tmp_path / "a")) as a, running(make_settings(urls, tmp_path / "b")) as b, \
+            rpc(a.port, token("w", namespace)) as writer, rpc(b.port, token("r", namespace)) as reader:
+        sid = (await writer.call("session.create", {}))["sessionId"]
+        assert (await reader.call("session.subscribe", {"sessionId": sid}))["seq"] == 0
+        holder = node(cluster, cluster.port_of(keys.session_keys(namespace, sid).session))
+        assert b.services is not None and b.services.fanout.shards is not None
+        channel_port = cluster.port_of(keys.session_channel(namespace, sid))
+        assert list(b.services.fanout.shards.conns) == [f"127.0.0.1:{channel_port}"]
+
+        async def emit_all() -> None:
+            for i in range(total):
+                await writer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": f"e{i}"}})
+                if i in (100, 250):
+                    killed = await holder.client_kill_filter(_type="pubsub")
+                    assert killed >= 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(emit_all)
+            seqs = await seqs_until(reader, total)
+        await holder.aclose()
+    assert seqs == list(range(1, total + 1))
+    assert b.services.fanout.shards.conns == {}  # dropped with the last listener
+
+
+async def test_a_primary_restarted_mid_stream_loses_nothing_acknowledged(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
+    acked: dict[str, int] = {}
+    async with running(settings) as daemon, rpc(daemon.port, token("w", namespace)) as writer, \
+            rpc(daemon.port, token("r", namespace)) as reader:
+        sid = (await writer.call("session.create", {}))["sessionId"]
+        await reader.call("session.subscribe", {"sessionId": sid})
+        port = cluster.port_of(keys.session_keys(namespace, sid).session)
+
+        async def emit(i: int) -> None:
+            while True:  # an unanswered emit may have run: retried with the same id, it is stored once
+                reply = await writer.request("event.emit", {"sessionId": sid, "event": {"type": "modified",
+                                                                                         "id": f"e{i}"}})
+                if "result" in reply:
+                    acked[f"e{i}"] = reply["result"]["seq"]
+                    return
+                assert reply["error"]["code"] == -32050, reply
+                await anyio.sleep(0.05)
+
+        for i in range(300):
+            if i == 150:
+                await anyio.to_thread.run_sync(cluster.restart, port)
+            await emit(i)
+        seqs = await seqs_until(reader, 300)
+        stored = (await writer.call("session.get", {"sessionId": sid}))["events"]
+    assert seqs == list(range(1, 301))
+    assert {event["id"]: event["seq"] for event in stored} == acked
+    assert sorted(acked.values()) == list(range(1, 301))
+
+
+def same_slot_id(sid: str) -> str:
+    """Another session id whose keys hash to the slot of `sid`'s."""
+    slot = key_slot(sid.encode())
+    return next(f"twin-{i}" for i in range(10**6) if key_slot(f"twin-{i}".encode()) == slot)
+
+
+async def test_a_slot_migrated_under_the_daemon_is_followed_through_ask_and_moved(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
+    async with running(settings) as daemon, rpc(daemon.port, token("w", namespace)) as peer:
+        sid = (await peer.call("session.create", {}))["sessionId"]
+        await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m1"}})
+        skeys = keys.session_keys(namespace, sid)
+        slot = key_slot(skeys.session.encode())
+        source_port = cluster.port_of(skeys.session)
+        target_port = next(port for port in cluster.ports if port != source_port)
+        source, target = node(cluster, source_port), node(cluster, target_port)
+        source_id = await source.execute_command("CLUSTER", "MYID")
+        target_id = await target.execute_command("CLUSTER", "MYID")
+        try:
+            await target.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            await source.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            names = await source.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
+            assert sorted(names) == sorted(skeys.all())
+            await source.execute_command("MIGRATE", "127.0.0.1", target_port, "", 0, 5000, "AUTH", PASSWORD,
+                                         "KEYS", *names)
+            # The source has none of the session's keys now: it answers ASK, and the target serves it after ASKING.
+            assert (await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m2"}}))[
+                "seq"] == 2
+            # A new session in a slot mid-migration cannot be made on either side (TRYAGAIN): unavailable, retried.
+            twin = same_slot_id(sid)
+            assert (await peer.error("session.create", {"sessionId": twin}))["code"] == -32050
+            for port in cluster.ports:
+                primary = node(cluster, port)
+                await primary.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+                await primary.aclose()
+            # The slot is the target's now: the source answers MOVED and the daemon re-reads the topology.
+            assert (await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m3"}}))[
+                "seq"] == 3
+            assert (await peer.call("session.create", {"sessionId": twin}))["seq"] == 0  # the refused one wrote nothing
+            assert await target.zcard(skeys.events) == 3
+            assert [e["id"] for e in (await peer.call("session.get", {"sessionId": sid}))["events"]] == [
+                "m1", "m2", "m3"]
+        finally:
+            await source.aclose()
+            await target.aclose()
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("redis+cluster://", "is not host:port"),
+    ("redis+cluster://a:1,b", "'b' is not host:port"),
+    ("redis+cluster://a:99999", "the port must be 1-65535"),
+    ("redis+cluster://a:1/3", "only database 0"),
+])
+def test_a_bad_cluster_url_is_refused_when_settings_are_read(url: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(redis_url=url, falkordb_url="redis://f:1", data_dir=tmp_path)
+    assert str(refused.value).startswith("invalid MEMENTO_REDIS_URL: ") and message in str(refused.value)
+
+
+def test_a_cluster_without_a_falkordb_url_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(redis_url="redis+cluster://a:1", data_dir=tmp_path)
+    assert str(refused.value).startswith("invalid MEMENTO_FALKORDB_URL: ")
+
+
+def test_serve_with_a_bad_cluster_url_exits_before_starting_any_server(tmp_path: Path) -> None:
+    env = {**os.environ, "MEMENTO_REDIS_URL": "redis+cluster://h:1,nope", "MEMENTO_DATA_DIR": str(tmp_path),
+           "MEMENTO_FALKORDB_URL": "redis://127.0.0.1:1", "PYTHONPATH": str(Path(__file__).parents[1])}
+    env.pop("MEMENTO_POSTGRES_DSN", None)  # unset: an embedded Postgres would be started first
+    done = subprocess.run([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env, capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "invalid MEMENTO_REDIS_URL: 'nope' is not host:port" in done.stderr
+    assert list(tmp_path.iterdir()) == []  # no embedded Postgres (nor anything else) was started
+
+
+def test_cluster_url_nodes_and_credentials() -> None:
+    from memento_sessions.cluster_url import ClusterUrl
+    parsed = ClusterUrl.parse("redis+cluster://u:p%40ss@10.0.0.1:7000,[::1]:7001,redis-0.redis:6379/0")
+    assert parsed == ClusterUrl((("10.0.0.1", 7000), ("::1", 7001), ("redis-0.redis", 6379)), "u", "p@ss")
+    assert parsed.node_url("10.0.0.1", 7000) == "redis://u:p%40ss@10.0.0.1:7000/0"
+    assert json.dumps(parsed.nodes)  # plain tuples
+    _: Any = None
