@@ -116,7 +116,8 @@ async def adk(postgres_dsn: str, payload: dict[str, Any], sequential: int) -> di
         session = await service.create_session(app_name="bench", user_id="bench")
 
         def append(_: int) -> Awaitable[Event]:
-            return service.append_event(session, Event(author="bench", custom_metadata=payload))
+            appended: Awaitable[Event] = service.append_event(session, Event(author="bench", custom_metadata=payload))
+            return appended
 
         await rate(WARM_UP, append)
         seq = await rate(sequential, append)

@@ -1,0 +1,29 @@
+"""memento-sessions benchmark, as a package: a harness, one module per section, targets as data.
+
+`scripts/bench.py` is the entry point (`.venv/bin/python scripts/bench.py --help`); it runs
+`bench.driver.main`. The modules:
+
+    harness.py     what every section uses: Env (the servers, the daemon's port, a Redis client, a
+                   SessionManager wired as the daemon's), Figure, Target, the timing helpers, PAYLOAD
+    watch.py       what the run prints beside each section: the host's steal, the daemon's GC pauses,
+                   Redis's own stalls; and `quiet`, which waits out an AOF rewrite before timing
+    receivers.py   lean WebSocket and RESP clients (many in one process without costing the servers CPU)
+    cypher.py      a FalkorDB query as its client sends it (the falkordb package's own parameter encoder)
+    driver.py      the servers, the daemon process, the run, the table and the JSON line
+    sections.py    the registry: section name -> the coroutine that measures it
+    emit.py, fanout.py, replay.py, memory.py, checkpoint.py, bridge.py   the sections
+    peers.py       --peers: the OpenAI Agents SDK and Google ADK in their own virtualenv (bench_peers.py)
+
+Adding a section is one new module and one registry line:
+
+1. `scripts/bench/<name>.py` with `async def measure(env: Env) -> Figure | list[Figure]` (any name will
+   do). Time the figure and, in the same run, its floor: bare redis-py (or asyncpg, or FalkorDB's
+   GRAPH.QUERY through `cypher.query`) doing the same backend work. Give the Figure a Target, e.g.
+   `Target.ratio_at_least(0.7, "bare FCALL")`, `Target.below(20)` (p99 in ms) or
+   `Target.at_least(50_000, "events/s")`; the driver judges it.
+2. In `sections.py`, import the module and add one line to SECTIONS: `"<name>": <module>.measure,`.
+   `scripts/bench.py --only <name>` then runs it alone.
+
+Sections import from `harness` (and `watch`, `receivers`, `cypher`), never from each other or from
+`driver`, so there is no import cycle.
+"""

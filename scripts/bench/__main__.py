@@ -1,0 +1,20 @@
+"""memento-sessions benchmark: every hot path beside the raw floor, measured in one run.
+
+Starts the embedded redis-server (with FalkorDB) and Postgres in a temporary directory and a
+daemon process on them, then measures each figure and the bare redis-py call of the same Redis
+work (the floor) side by side, and prints a table and one JSON line.
+
+    .venv/bin/python scripts/bench.py            # full run (a few minutes)
+    .venv/bin/python scripts/bench.py --quick    # under a minute
+    .venv/bin/python scripts/bench.py --peers    # also the peers, on the same Redis and Postgres
+    .venv/bin/python scripts/bench.py --only emit ws-ingest   # some sections
+
+With --peers, the OpenAI Agents SDK and Google ADK are installed from PyPI into their own
+virtualenv (.bench-peers-venv/, made once and reused; never the project's), and
+scripts/bench_peers.py runs there against this run's servers. Their rows show memento's figure as
+the value and the peer's as the floor, so the ratio is memento / peer.
+"""
+
+from bench.driver import main
+
+main(__doc__)

@@ -1,0 +1,134 @@
+"""The run: embedded servers, a daemon process on them, each chosen section timed, a table and a JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import redis.asyncio as aioredis
+
+from bench import peers
+from bench.harness import SECRET, Env, Figure
+from bench.sections import SECTIONS, Section
+from bench.watch import STALL_MS, daemon_gc, delayed_fsyncs, gc_note, quiet, redis_stalls, steal_ms
+from memento_sessions.embedded.postgres import EmbeddedPostgres
+from memento_sessions.embedded.process import free_port
+from memento_sessions.embedded.redis import EmbeddedRedis
+from memento_sessions.logs import configure_logging
+from memento_sessions.server.daemon import settle_gc
+
+
+def show(figures: list[Figure]) -> None:
+    """The table, then the JSON line."""
+    print(f"\n{'figure':<58} {'value':>12} {'floor':>12} {'ratio':>7}  target / met")
+    for f in figures:
+        floor = f"{f.floor:,.1f}" if f.floor else "-"
+        ratio = f"{f.ratio:.2f}" if f.ratio else "-"
+        met = {True: "yes", False: "NO", None: ""}[f.met]
+        target = f.target.text if f.target else ""
+        print(f"{f.name:<58} {f.value:>12,.2f} {floor:>12} {ratio:>7}  {target} {met}  [{f.unit}]")
+        if f.extra:
+            print(f"{'':<58} " + ", ".join(f"{k}={v:,.2f}" for k, v in f.extra.items() if k != "floor_is"))
+    print(json.dumps({"bench": [f.as_json() for f in figures]}))
+
+
+@asynccontextmanager
+async def daemon(redis_url: str, postgres_dsn: str, data: Path) -> AsyncIterator[int]:
+    """A daemon process on the servers; its port."""
+    port = free_port()
+    env = {**os.environ, "MEMENTO_REDIS_URL": redis_url, "MEMENTO_POSTGRES_DSN": postgres_dsn,
+           "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_PORT": str(port), "MEMENTO_DATA_DIR": str(data / "daemon"),
+           "MEMENTO_LOG_LEVEL": "warning", "MEMENTO_CHECKPOINT_EVERY": "100000"}
+    proc = subprocess.Popen([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env)
+    try:
+        await wait_port(port)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+async def wait_port(port: int) -> None:
+    """Until something accepts connections on `port` (up to 60 s)."""
+    with anyio.fail_after(60):
+        while True:
+            try:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+                await stream.aclose()
+                return
+            except OSError:
+                await anyio.sleep(0.1)
+
+
+async def run(args: argparse.Namespace) -> None:
+    """Start the servers and the daemon, measure, print."""
+    configure_logging("console", "warning")
+    python = peers.peers_venv() if args.peers else None  # before the servers: the install is not timed
+    with tempfile.TemporaryDirectory(prefix="memento-bench-") as tmp:
+        data = Path(tmp)
+        redis_server, postgres = EmbeddedRedis(data / "redis"), EmbeddedPostgres(data / "postgres")
+        redis_server.start()
+        postgres.start()
+        try:
+            async with daemon(redis_server.url, postgres.url, data) as port:
+                client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+                env = Env(redis_server.url, postgres.url, port, client, args.quick)
+                figures = await measure(env, args.only)
+                if python:
+                    figures += await peers.measure(env, python, figures)
+                await client.aclose()
+        finally:
+            redis_server.stop()
+            postgres.stop()
+    show(figures)
+
+
+async def measure(env: Env, only: list[str] | None) -> list[Figure]:
+    """Every chosen section in registry order, each on a quiet server, its figures judged."""
+    await env.redis.config_set("latency-monitor-threshold", STALL_MS)
+    figures: list[Figure] = []
+    for name, section in SECTIONS.items():
+        if not only or name in only:
+            figures += await timed_section(env, name, section)
+    return figures
+
+
+async def timed_section(env: Env, name: str, section: Section) -> list[Figure]:
+    """One section's figures; prints its time, the host's steal, the daemon's GC pauses and Redis's stalls."""
+    print(f"bench: {name} ...", file=sys.stderr, flush=True)
+    settle_gc()  # as the daemon does after start-up: in-process sections run with the same GC settings
+    await quiet(env)
+    before, delayed, stolen = await daemon_gc(env), await delayed_fsyncs(env), steal_ms()
+    await env.redis.execute_command("LATENCY", "RESET")  # type: ignore[no-untyped-call]
+    started = time.perf_counter()
+    result = await section(env)
+    took, stolen = time.perf_counter() - started, steal_ms() - stolen
+    print(f"bench: {name}: {took:.1f} s; vCPU time the host took (steal): {stolen:.0f} ms; "
+          f"the daemon's GC pauses: {gc_note(before, await daemon_gc(env))}; "
+          f"{await redis_stalls(env, await delayed_fsyncs(env) - delayed)}", file=sys.stderr, flush=True)
+    figures = result if isinstance(result, list) else [result]
+    for figure in figures:
+        figure.extra["section_steal_ms"] = stolen  # the host's share of this figure's time
+        figure.judge()
+    return figures
+
+
+def main(description: str | None = None) -> None:
+    """Parse the command line and run."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller counts: a run of under a minute")
+    parser.add_argument("--only", nargs="+", choices=list(SECTIONS), help="run only these sections")
+    parser.add_argument("--peers", action="store_true", help="also the Agents SDK and ADK (own virtualenv)")
+    args = parser.parse_args()
+    if args.peers and args.only:  # the peer rows are ratios to these two
+        args.only += [name for name in peers.NEEDS if name not in args.only]
+    anyio.run(run, args)

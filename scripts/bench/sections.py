@@ -1,0 +1,27 @@
+"""The registry: each section's name (what `--only` takes) and the coroutine that measures it, in run order.
+
+Adding a section: write its module (see the package's docstring), import it here, add one line below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+from bench import bridge, checkpoint, emit, fanout, memory, replay
+from bench.harness import Env, Figure
+
+Section = Callable[[Env], Awaitable[Figure | list[Figure]]]
+
+SECTIONS: dict[str, Section] = {
+    "emit": emit.sequential,
+    "emit-64": emit.concurrent,
+    "batch": emit.batch,
+    "ws-ingest": emit.ws_ingest,
+    "handoff-100": fanout.handoff_100,
+    "handoff-1000": fanout.handoff_1000,
+    "fanout-1000": fanout.fanout_1000,
+    "replay": replay.measure,
+    "memory": memory.measure,
+    "checkpoint": checkpoint.measure,
+    "bridge": bridge.measure,
+}
