@@ -12,9 +12,15 @@ Modules here may import only each other and third-party libraries, never a subpa
 the command line over everything, is the one exception).
 """
 
-from importlib.metadata import PackageNotFoundError, version
 
-try:
-    __version__ = version("memento-sessions")
-except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-    __version__ = "0.0.0"
+def __getattr__(name: str) -> str:
+    """`__version__`, read from the installed metadata when first asked: importlib.metadata costs ~40 ms, too
+    much for `memento-sessions hook`, which runs once per agent tool call and never needs it."""
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("memento-sessions")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "0.0.0"

@@ -5,17 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-import anyio
+# Only the standard library at import: `memento-sessions hook` runs once per agent tool call and must start
+# fast, so every command imports what it needs when it runs.
+if TYPE_CHECKING:
+    from memento_sessions.settings import Settings
 
-from memento_sessions import __version__
-from memento_sessions.auth import DEFAULT_SCOPE, SCOPES, issue_token
-from memento_sessions.embedded.datadir import DataDirLocked, existing_auth_secret
-from memento_sessions.errors import ConfigError, MementoError
-from memento_sessions.logs import configure_logging
-from memento_sessions.settings import Settings, load_settings
-
-Command = Callable[[argparse.Namespace, Settings], int]
+Command = Callable[[argparse.Namespace, "Settings"], int]
 RAW = argparse.RawDescriptionHelpFormatter
 DATA_DIR_HELP = ("data directory of the running daemon whose embedded servers to probe (MEMENTO_DATA_DIR, "
                  "default ./.memento); not needed when MEMENTO_REDIS_URL and MEMENTO_POSTGRES_DSN are set")
@@ -52,6 +49,8 @@ example (a container's health check):
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import anyio
+
     from memento_sessions.server.daemon import Daemon
 
     anyio.run(Daemon(settings).run, backend_options=event_loop_options())
@@ -68,6 +67,9 @@ def event_loop_options() -> dict[str, object]:
 
 
 def _token(args: argparse.Namespace, settings: Settings) -> int:
+    from memento_sessions.auth import issue_token
+    from memento_sessions.embedded.datadir import existing_auth_secret
+
     secret = settings.auth_secret or existing_auth_secret(settings.data_dir)
     if secret is None:
         # a secret made up here would sign tokens that no daemon accepts
@@ -95,6 +97,8 @@ def _ttl(value: str) -> int:
 
 
 def _check(args: argparse.Namespace, settings: Settings) -> int:
+    import anyio
+
     from memento_sessions.server.check import check
 
     return anyio.run(check, settings)
@@ -102,6 +106,8 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command and its --help."""
+    from memento_sessions import __version__
+
     parser = argparse.ArgumentParser(
         prog="memento-sessions", formatter_class=RAW, epilog=MAIN_EPILOG,
         description="Real-time coordination daemon for swarms of AI agents. "
@@ -135,6 +141,8 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from memento_sessions.auth import DEFAULT_SCOPE, SCOPES
+
     token = sub.add_parser("token", help="print a signed token (JWT) for an agent",
                            description="Print a token (JWT) signed with the daemon's secret: MEMENTO_AUTH_SECRET, "
                            "else the one the daemon generated in its data dir.", epilog=TOKEN_EPILOG,
@@ -155,10 +163,12 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """Commands that live beside their feature (kg, prune, mcp)."""
     from memento_sessions.checkpoints.commands import register as prune_command
+    from memento_sessions.cli_hook import register as hook_command
+    from memento_sessions.cli_ingest import register as ingest_command
     from memento_sessions.kg.commands import register as kg_commands
     from memento_sessions.server.stdio import register as mcp_command
 
-    return [kg_commands, prune_command, mcp_command]
+    return [kg_commands, prune_command, mcp_command, ingest_command, hook_command]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -168,6 +178,16 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["hook"] and not {"-h", "--help"} & set(given):  # the hook's lean path: see cli_hook.py
+        from memento_sessions.cli_hook import run_hook
+
+        return run_hook(given[1:])
+    from memento_sessions.embedded.datadir import DataDirLocked
+    from memento_sessions.errors import ConfigError, MementoError
+    from memento_sessions.logs import configure_logging
+    from memento_sessions.settings import load_settings
+
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings(**_overrides(args))

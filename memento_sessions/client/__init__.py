@@ -17,6 +17,7 @@ A leaf: it may import only the shared ground (errors, logs), never the daemon's 
 """
 
 from memento_sessions.client.backoff import RETRIES, backoff_delay
+from memento_sessions.client.conversation import LiveConversation, load_conversation
 from memento_sessions.client.core import Client
 from memento_sessions.client.errors import (
     ClientClosed,
@@ -32,7 +33,7 @@ from memento_sessions.client.wire import MAX_FRAME, Result, compact, encode, tok
 from memento_sessions.errors import MementoError, RpcError
 
 __all__ = [
-    "MAX_FRAME", "RETRIES", "Client", "ClientClosed", "ConnectionLost", "Event", "HistoryLost", "MementoError",
-    "RequestTimeout", "RequestTooLarge", "Result", "RpcError", "Subscription", "Unauthorized", "Watch",
-    "backoff_delay", "compact", "encode", "rpc_error", "token_source",
+    "MAX_FRAME", "RETRIES", "Client", "ClientClosed", "ConnectionLost", "Event", "HistoryLost", "LiveConversation",
+    "MementoError", "RequestTimeout", "RequestTooLarge", "Result", "RpcError", "Subscription", "Unauthorized", "Watch",
+    "backoff_delay", "compact", "encode", "load_conversation", "rpc_error", "token_source",
 ]

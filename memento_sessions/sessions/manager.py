@@ -23,6 +23,7 @@ from memento_sessions.metrics import EMIT_SECONDS, EVENTS, REPLY_PAGES, SESSION_
 from memento_sessions.redisio.pipe import Pipe
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
+from memento_sessions.sessions.conversation import ConversationFold
 from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EventIn
 from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_of
 from memento_sessions.sessions.store import FunctionStore
@@ -318,15 +319,18 @@ class SessionManager:
     async def _condensed(self, namespace: str, session_id: str) -> dict[str, Any]:
         """The summary of every event, folded CHUNK events at a time so neither memory nor one decode grows
         with the session."""
-        folder = Condenser()
+        folder, conversation = Condenser(), ConversationFold()
         session, members = await self.read(namespace, session_id, 0, CHUNK)
         events_key = keys.session_keys(namespace, session_id).events
         while members:
-            folder.add([pydantic_core.from_json(member) for member in members])
+            events = [pydantic_core.from_json(member) for member in members]
+            folder.add(events)
+            conversation.add(events)  # an ingested agent's tools, prompts, todos and tasks
             if len(members) < CHUNK:
                 break
             members = await self._events_after(events_key, seq_of(members[-1]), CHUNK)
-        return {"session": session, **folder.result(), "lastCheckpoint": session["lastCheckpoint"]}
+        return {"session": session, **folder.result(), **conversation.condensed(),
+                "lastCheckpoint": session["lastCheckpoint"]}
 
     async def read(self, namespace: str, session_id: str, since: int = 0,
                    limit: int | None = None) -> tuple[dict[str, Any], list[str]]:

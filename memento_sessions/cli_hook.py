@@ -1,0 +1,231 @@
+"""`memento-sessions hook`: one Claude Code hook input on stdin -> its events in the agent's session.
+
+Always spool first, then deliver: the input is appended (with the time it was read and the project
+directory) to `<data dir>/hook-spool/spool.jsonl` under an exclusive lock, then the hook sends every
+spooled input not yet delivered, oldest first, within its time budget. Nothing is lost while the daemon
+is down (the next hook call delivers the backlog, or `memento-sessions hook --flush`), and nothing is
+doubled: the events' ids derive from the input and the time it was read, the daemon writes an id once
+per session, and the delivered offset is committed after each batch, so a batch sent again after a
+crash writes nothing. Only one hook delivers at a time (a second lock); the others just spool.
+
+It prints nothing and exits 0 whatever happens: its output would reach the agent. Its imports are the
+standard library, the pure converters and a small WebSocket client, so it is done within 200 ms
+including the interpreter's start. Configuration comes from the environment only (reading .env and
+validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_URL (else the port
+in `<data dir>/runtime.json`), MEMENTO_DATA_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+if TYPE_CHECKING:  # imported when delivering: a hook that only spools does without the socket modules
+    from memento_sessions.cli_wire import RpcFailure, Wire
+
+
+STARTED = time.monotonic()
+BUDGET = 0.15  # seconds from the start of the process a hook may spend (the daemon-up target is 0.2)
+MAX_INPUT = 4 * 1024 * 1024  # a hook input larger than this is not one Claude Code sends
+BATCH = 200  # events per event.emitBatch
+NOT_FOUND, INVALID, CONFLICT = -32004, -32602, -32009
+HELP = """\
+Put it in Claude Code's hook settings (.claude/settings.json) for the events you want recorded; the
+README has the block to paste. Environment: MEMENTO_TOKEN (the agent's token), MEMENTO_DATA_DIR (the
+daemon's data dir: its spool and runtime.json), MEMENTO_URL (ws://host:port/ws, else the data dir's
+daemon on 127.0.0.1).
+"""
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the `hook` command (the parser of `--help`; `run_hook` itself does not parse arguments)."""
+    hook = sub.add_parser("hook", help="for Claude Code's hooks: one hook input on stdin -> events (spooled when "
+                          "the daemon is down)", description=__doc__.split("\n\n")[1], epilog=HELP,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    hook.add_argument("--flush", action="store_true", help="read no input; deliver everything spooled, "
+                      "without a time budget (exit 1 when something is left)")
+
+
+def spool_dir() -> Path:
+    return Path(os.environ.get("MEMENTO_DATA_DIR") or ".memento") / "hook-spool"
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@contextmanager
+def locked(path: Path, flags: int, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
+    """The file descriptor of `path` opened with `flags`, held under flock `mode`."""
+    fd = os.open(path, flags, 0o600)
+    try:
+        fcntl.flock(fd, mode)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def spool(record: Any, folder: Path) -> None:
+    """Append one input with when it was read and the project root; one write under the lock."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root = os.environ.get("CLAUDE_PROJECT_DIR") or (record.get("cwd") if isinstance(record, dict) else None)
+    line = json.dumps({"at": now_iso(), "root": root, "input": record}, separators=(",", ":"), ensure_ascii=False)
+    with locked(folder / "spool.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
+        os.write(fd, (line + "\n").encode())
+
+
+def daemon_url() -> str | None:
+    """MEMENTO_URL, else the local daemon of the data dir (its runtime.json names the port)."""
+    if os.environ.get("MEMENTO_URL"):
+        return os.environ["MEMENTO_URL"]
+    try:
+        port = json.loads((spool_dir().parent / "runtime.json").read_text())["port"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return f"ws://127.0.0.1:{port}/ws"
+
+
+def read_offset(folder: Path) -> int:
+    try:
+        return int((folder / "spool.offset").read_text() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+def write_offset(folder: Path, offset: int) -> None:
+    """Commit the delivered offset atomically (a crash leaves the old or the new one, never half)."""
+    tmp = folder / "spool.offset.tmp"
+    tmp.write_text(str(offset))
+    tmp.replace(folder / "spool.offset")
+
+
+def pending(folder: Path, offset: int) -> list[tuple[int, dict[str, Any]]]:
+    """(end offset, spooled entry) of every whole line after `offset`; a torn last line waits."""
+    out: list[tuple[int, dict[str, Any]]] = []
+    with locked(folder / "spool.jsonl", os.O_RDONLY | os.O_CREAT, fcntl.LOCK_SH) as fd, \
+            os.fdopen(os.dup(fd), "rb") as spooled:
+        spooled.seek(offset)
+        for line in _lines(spooled):
+            offset += len(line)
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                entry = {}
+            out.append((offset, entry if isinstance(entry, dict) else {}))
+    return out
+
+
+def _lines(spooled: BinaryIO) -> Iterator[bytes]:
+    for line in spooled:
+        if not line.endswith(b"\n"):
+            return
+        yield line
+
+
+def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+    """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
+    from memento_sessions.ingest import convert_hook
+    from memento_sessions.ingest.events import _ID_OK
+
+    record = entry.get("input")
+    sid = record.get("session_id") if isinstance(record, dict) else None
+    if not isinstance(sid, str) or not _ID_OK.match(sid):
+        return None, []
+    events, _ = convert_hook(record, at=entry.get("at"), project_root=entry.get("root"))
+    return sid, events
+
+
+def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
+    """Emit the events into the session, creating it on first use; RpcFailure for a refusal."""
+    from memento_sessions.cli_wire import RpcFailure
+
+    for start in range(0, len(events), BATCH):
+        batch = {"sessionId": sid, "events": events[start:start + BATCH]}
+        try:
+            wire.call("event.emitBatch", batch)
+        except RpcFailure as exc:
+            if exc.code != NOT_FOUND:
+                raise
+            try:
+                wire.call("session.create", {"sessionId": sid})
+            except RpcFailure as created:
+                if created.code != CONFLICT:  # another hook created it meanwhile: fine
+                    raise
+            wire.call("event.emitBatch", batch)
+
+
+def deliver(folder: Path, deadline: float) -> bool:
+    """Send the spooled inputs in order until done or the deadline; True when nothing is left."""
+    token, url = os.environ.get("MEMENTO_TOKEN"), daemon_url()
+    if not token or not url:
+        return False
+    from memento_sessions.cli_wire import Wire, WireError
+
+    try:
+        with locked(folder / "deliver.lock", os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            return _deliver(folder, Wire(url, token, deadline))
+    except (BlockingIOError, WireError):  # another hook is delivering, or the daemon is away
+        return False
+
+
+def _deliver(folder: Path, wire: Wire) -> bool:
+    from memento_sessions.cli_wire import RpcFailure
+
+    try:
+        while entries := pending(folder, read_offset(folder)):
+            for end, entry in entries:
+                sid, events = events_of(entry)
+                try:
+                    if sid and events:
+                        send(wire, sid, events)
+                except RpcFailure as exc:
+                    if exc.code != INVALID:  # refused for now (rate, backend, full): try again later
+                        return False
+                    reject(folder, entry, exc)  # refused for good: set aside, never block the spool
+                write_offset(folder, end)
+        compact(folder)
+        return True
+    finally:
+        wire.close()
+
+
+def reject(folder: Path, entry: dict[str, Any], exc: RpcFailure) -> None:
+    """Keep an input the daemon refuses as invalid in rejected.jsonl, with the reason."""
+    line = json.dumps({"error": str(exc), "data": exc.data, **entry}, ensure_ascii=False, default=str)
+    with locked(folder / "rejected.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
+        os.write(fd, (line + "\n").encode())
+
+
+def compact(folder: Path) -> None:
+    """Empty the spool once everything in it is delivered (checked under its lock: no append is lost)."""
+    with locked(folder / "spool.jsonl", os.O_WRONLY | os.O_CREAT) as fd:
+        if os.fstat(fd).st_size == read_offset(folder):
+            os.ftruncate(fd, 0)
+            write_offset(folder, 0)
+
+
+def run_hook(argv: list[str]) -> int:
+    """The command: spool stdin's input (unless --flush), then deliver; 0 whatever happened, but for
+    --flush with something left (1)."""
+    folder = spool_dir()
+    flush = "--flush" in argv
+    try:
+        if not flush:
+            raw = sys.stdin.buffer.read(MAX_INPUT + 1)
+            record = json.loads(raw) if raw.strip() and len(raw) <= MAX_INPUT else None
+            if not isinstance(record, dict):  # not a hook input: nothing to keep
+                return 0
+            spool(record, folder)
+        done = deliver(folder, STARTED + BUDGET if not flush else time.monotonic() + 3600)
+    except Exception:  # a hook must never fail the agent's tool call, nor print to it
+        return 0
+    return 0 if done or not flush else 1
