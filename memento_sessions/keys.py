@@ -86,3 +86,68 @@ def pending_snapshot_index() -> str:
 def retention_lease() -> str:
     """Lease held by the one daemon that runs the retention jobs."""
     return f"{PREFIX}:_system:retention-lease"
+
+
+# Coordination (coordination/, docs/coordination.md). A namespace's leases, roles and liveness share the
+# hash tag `{<ns>/coord}` (one slot: an all-or-nothing acquire over many entities is one Function call);
+# an agent's mailbox has `{<ns>/agent/<agentId>}`; a session's presence lives under the session's own tag.
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseKeys:
+    """The keys of a namespace's leases, in the order the coordination Functions take them."""
+
+    leases: str
+    holds: str
+    expiry: str
+    fence: str
+    byagent: str
+    alive: str
+
+    def all(self) -> list[str]:
+        """Every key, as passed to FCALL."""
+        return [self.leases, self.holds, self.expiry, self.fence, self.byagent, self.alive]
+
+
+def coord_base(ns: str) -> str:
+    """The prefix of a namespace's coordination keys, with their hash tag."""
+    return f"{PREFIX}:{ns}:{{{ns}/coord}}"
+
+
+def lease_keys(ns: str) -> LeaseKeys:
+    """Leases (hash), holds per entity (hash), expiries (zset), fencing tokens (hash), leases per agent
+    (hash) and when each agent was last seen (zset)."""
+    base = coord_base(ns)
+    return LeaseKeys(f"{base}:leases", f"{base}:holds", f"{base}:expiry", f"{base}:fence", f"{base}:byagent",
+                     f"{base}:alive")
+
+
+def role_members(ns: str, role: str) -> str:
+    """SET of the agents that declared `role` (presence.set)."""
+    return f"{coord_base(ns)}:role:{role}"
+
+
+def agent_roles(ns: str) -> str:
+    """HASH agentId -> the roles it declared, comma-separated."""
+    return f"{coord_base(ns)}:roles"
+
+
+def coord_namespaces() -> str:
+    """SET of the namespaces that hold leases: every daemon's reaper walks them."""
+    return f"{PREFIX}:_system:coord-namespaces"
+
+
+def mailbox_keys(ns: str, agent_id: str) -> tuple[str, str, str]:
+    """An agent's mailbox: order (zset messageId -> seq), messages (hash), acked (set)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/agent/{agent_id}}}"
+    return f"{base}:inbox", f"{base}:messages", f"{base}:acked"
+
+
+def presence_key(ns: str, session_id: str) -> str:
+    """HASH `<agentId>/<daemonId>` -> the agent's connections on that daemon, last request, heartbeat."""
+    return f"{PREFIX}:{ns}:{{{session_id}}}:presence"
+
+
+def agent_channel(ns: str, agent_id: str) -> str:
+    """Pub/sub channel of one agent's mailbox messages and lease conflicts."""
+    return f"{PREFIX}:{ns}:agent:{agent_id}"
