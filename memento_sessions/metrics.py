@@ -54,3 +54,13 @@ BRIDGE_QUERY_SECONDS = Histogram(
 MCP_SESSION_LIMIT = Counter("memento_mcp_session_limit_total",
                             "MCP sessions closed (oldest idle) or refused (none idle) at MEMENTO_MCP_MAX_SESSIONS",
                             ["action"])
+
+LEASE_ACQUIRES = Counter("memento_lease_acquires_total", "lease.acquire calls (granted, refused for a conflict, or "
+                         "lease_limit at MEMENTO_LEASE_MAX)", ["result"])
+LEASE_ENDS = Counter("memento_lease_ends_total", "Leases ended (released, expired, orphaned)", ["reason"])
+LEASE_CONFLICT_ALERTS = Counter("memento_lease_conflict_alerts_total",
+                                "lease.conflict alerts sent to holders (each stored once in its mailbox)")
+STALE_LEASE_REFUSALS = Counter("memento_stale_lease_refusals_total", "Emits refused for an old fencingToken")
+MAILBOX_MESSAGES = Counter("memento_mailbox_messages_total", "Mailbox copies sent (stored, or a duplicate id)",
+                           ["outcome"])
+MAILBOX_DROPPED = Counter("memento_mailbox_dropped_total", "Oldest messages dropped at MEMENTO_MAILBOX_MAX")
