@@ -42,7 +42,7 @@ from tests.rpcsocket import RpcSocket, rpc
 pytestmark = pytest.mark.anyio
 
 TOOLS = {"create_session", "join_session", "emit_event", "get_session", "list_sessions", "checkpoint_session",
-         "get_transitions", "isolate_session", "get_handoff_context", "session_outcomes"}
+         "get_transitions", "isolate_session", "get_handoff_context", "session_outcomes", "get_conversation"}
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
@@ -607,6 +607,10 @@ async def test_every_tool_output_declares_exactly_the_keys_its_method_returns(da
         assert "snapshotId" in await both("checkpoint_session", {"sessionId": sid})
         await both("session_outcomes", {"clusterId": "cluster:shape"}, "bridge.outcomes")
         await both("get_session", {"sessionId": sid, "limit": 1}, "session.get")  # lastCheckpoint now set
+        said = (await ws.call("session.create", {}))["sessionId"]  # an agent's conversation: two blocks, two pages
+        await emit_many(ws, said, 2, lambda n: {"type": "block:upsert", "data": {"block": {"id": f"b{n}"}}})
+        assert "nextCursor" in await both("get_conversation", {"sessionId": said, "limit": 1}, "session.conversation")
+        await both("get_conversation", {"sessionId": said, "cursor": 1}, "session.conversation")
 
         wide = (await ws.call("session.create", {}))["sessionId"]  # 1,001 entities: the condensed view cuts
         await emit_many(ws, wide, 1001, lambda n: {"type": "modified", "changeInfo": {"entityIds": [f"fn:w{n}"]}})
