@@ -38,7 +38,7 @@ local function emit_one(keys, sid_json, epoch, channel, id, body)
 end
 
 -- ARGV: now_ms, ttl, agent, epoch, labels_json, announce_channel, announce_frame, parent, forked_at,
--- start_body, channel, sid_json. A non-empty start_body is stored as seq 1 in the same call, so a create
+-- start_body, channel, sid_json, on_idle (optional: 'suspend' is kept in the hash for the lifecycle). A non-empty start_body is stored as seq 1 in the same call, so a create
 -- either makes the whole session or nothing.
 local function create(keys, args)
   if redis.call('EXISTS', keys[1]) == 1 then return redis.error_reply('EXISTS session id is taken') end
@@ -50,6 +50,7 @@ local function create(keys, args)
   end
   redis.call('HSET', keys[1], unpack(fields))
   redis.call('SADD', keys[3], args[3])
+  if args[13] and args[13] ~= '' then redis.call('HSET', keys[1], 'onIdle', args[13]) end
   if args[10] and args[10] ~= '' then emit_one(keys, args[12], args[4], args[11], '', args[10]) end
   refresh(keys, tonumber(args[2]))
   redis.call('PUBLISH', args[6], args[7])
@@ -84,6 +85,30 @@ local function index_add(keys, args)
   return 1
 end
 
+-- Fencing (coordination/coordination.lua, docs/coordination.md): an event carrying `fencingToken` older
+-- than the session's mark for one of its entities (the newest exclusive lease granted on it, copied in by
+-- mc_fence_sync before the emit) is refused: FULL stale_lease, and nothing is written. The marks are
+-- `!fence:<entityId>` fields of the ids hash (event ids never start with '!'). Events without the token
+-- cost one plain string search.
+local function stale_fence(keys, args)
+  for i = 6, #args, 3 do
+    local body = args[i + 2]
+    if string.find(body, '"fencingToken":', 1, true) then
+      local event = cjson.decode('{' .. body)
+      local token, info = tonumber(event.fencingToken), event.changeInfo
+      if token and type(info) == 'table' and type(info.entityIds) == 'table' then
+        for _, entity in ipairs(info.entityIds) do
+          local mark = tonumber(redis.call('HGET', keys[4], '!fence:' .. entity) or '0')
+          if token < mark then
+            return redis.error_reply('FULL stale_lease fencing token ' .. token .. ' is older than ' .. mark ..
+                                     ' on ' .. entity)
+          end
+        end
+      end
+    end
+  end
+end
+
 -- ARGV: now_ms, actor, channel, sid_json, max_events, then (id, new_state, body) per event; body is the
 -- event's JSON without its opening brace, so the stored member is exactly '{"seq":N,' .. body.
 -- A batch that would take the session past max_events stored events writes nothing (FULL).
@@ -96,6 +121,8 @@ local function emit(keys, args)
     return redis.error_reply('FULL session_full ' .. stored .. ' events stored, ' .. fresh .. ' more; at most ' ..
                              args[5] .. ' (MEMENTO_SESSION_MAX_EVENTS)')
   end
+  local stale = stale_fence(keys, args)
+  if stale then return stale end
   local state = nil
   local out = {}
   for i = 6, #args, 3 do
@@ -156,3 +183,118 @@ redis.register_function('ms_join', join)
 redis.register_function('ms_leave', leave)
 redis.register_function('ms_checkpoint', checkpoint)
 redis.register_function('ms_index_add', index_add)
+
+-- ===== Event sourcing and lifecycle (docs/compaction.md, docs/lifecycle.md) =====
+-- Snapshots live in the session's ids hash (keys[4]) under fields `~snap:<seq>` (no client id can start
+-- with `~`), with `~snaps` listing their seqs in order: they share the session's hash tag and every TTL
+-- refresh of its keys, and a suspend or fork copies them with the ids.
+
+local function snap_seqs(keys)
+  local list, out = redis.call('HGET', keys[4], '~snaps'), {}
+  if list then for s in string.gmatch(list, '%d+') do table.insert(out, tonumber(s)) end end
+  return out
+end
+
+-- ARGV: at_seq. Returns {seq, data} of the newest snapshot at or before at_seq, or {0, ''}.
+local function snapshot_at(keys, args)
+  local at, best = tonumber(args[1]), 0
+  for _, s in ipairs(snap_seqs(keys)) do if s <= at and s > best then best = s end end
+  if best == 0 then return {0, ''} end
+  return {best, redis.call('HGET', keys[4], '~snap:' .. best)}
+end
+
+-- Keep at most `cap` snapshots: drop the oldest, but never the newest one at or below compacted (the
+-- base every rehydration of the compacted range needs).
+local function trim_snapshots(keys, seqs, cap, compacted)
+  local keep = 0
+  for _, s in ipairs(seqs) do if s <= compacted and s > keep then keep = s end end
+  while #seqs > cap do
+    local drop = 1
+    if seqs[1] == keep then drop = 2 end
+    redis.call('HDEL', keys[4], '~snap:' .. seqs[drop])
+    table.remove(seqs, drop)
+  end
+  return seqs
+end
+
+-- Store a snapshot of the folded state at `seq`, folded from the snapshot at `base` plus the events after
+-- it; with compact = 1 also remove the events up to `seq` and record compactedSeq, then publish.
+-- ARGV: now_ms, seq, base, data, compact, max_snapshots, channel, frame, announce_channel, announce_frame.
+-- RETRY when a compaction removed events after `base` meanwhile (the fold may have missed some).
+local function snapshot(keys, args)
+  local cur, compacted = unpack(redis.call('HMGET', keys[1], 'seq', 'compactedSeq'))
+  if not cur then return redis.error_reply('NOTFOUND session not found') end
+  local seq, base = tonumber(args[2]), tonumber(args[3])
+  compacted = tonumber(compacted or 0)
+  if seq > tonumber(cur) then return redis.error_reply('CONFLICT snapshot beyond the session seq') end
+  if compacted > base then return redis.error_reply('RETRY compacted meanwhile') end
+  local seqs, present = snap_seqs(keys), false
+  for _, s in ipairs(seqs) do if s == seq then present = true end end
+  if not present then table.insert(seqs, seq); table.sort(seqs) end
+  redis.call('HSET', keys[4], '~snap:' .. seq, args[4])
+  local removed = 0
+  if args[5] == '1' and seq > compacted then
+    removed = redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', seq)
+    redis.call('HSET', keys[1], 'compactedSeq', seq)
+    compacted = seq
+  end
+  seqs = trim_snapshots(keys, seqs, tonumber(args[6]), compacted)
+  redis.call('HSET', keys[4], '~snaps', table.concat(seqs, ' '))
+  local pttl = redis.call('PTTL', keys[1])
+  if pttl > 0 then redis.call('PEXPIRE', keys[4], pttl) end
+  if removed > 0 then
+    redis.call(SESSION_PUBLISH, args[7], args[8])
+    redis.call('PUBLISH', args[9], args[10])
+  end
+  return removed
+end
+
+-- Write a whole session (a fork, or a suspended one coming back), or nothing.
+-- ARGV: mode ('fork' | 'resume'), ttl, channel, frame, announce_channel, announce_frame, then nH and nH field/value
+-- pairs of the hash, nA and the agents, nI and nI field/value pairs of the ids hash, then (seq, member)
+-- pairs of the events. A resume that finds the same session (epoch and seq) back already returns 0.
+local function restore(keys, args)
+  local i = 7
+  local nh = tonumber(args[i])
+  local hash = {unpack(args, i + 1, i + 2 * nh)}
+  i = i + 2 * nh + 1
+  if redis.call('EXISTS', keys[1]) == 1 then
+    if args[1] ~= 'resume' then return redis.error_reply('EXISTS session id is taken') end
+    local epoch, seq = unpack(redis.call('HMGET', keys[1], 'epoch', 'seq'))
+    for j = 1, #hash, 2 do
+      if hash[j] == 'epoch' and hash[j + 1] == epoch then
+        for k = 1, #hash, 2 do if hash[k] == 'seq' and hash[k + 1] == seq then return 0 end end
+      end
+    end
+    return redis.error_reply('CONFLICT session is active')
+  end
+  for j = 1, #hash, 200 do redis.call('HSET', keys[1], unpack(hash, j, math.min(j + 199, #hash))) end
+  local na = tonumber(args[i])
+  for j = i + 1, i + na, 100 do redis.call('SADD', keys[3], unpack(args, j, math.min(j + 99, i + na))) end
+  i = i + na + 1
+  local ni = tonumber(args[i])
+  for j = i + 1, i + 2 * ni, 200 do redis.call('HSET', keys[4], unpack(args, j, math.min(j + 199, i + 2 * ni))) end
+  i = i + 2 * ni + 1
+  for j = i, #args, 200 do redis.call('ZADD', keys[2], unpack(args, j, math.min(j + 199, #args))) end
+  refresh(keys, tonumber(args[2]))
+  redis.call(SESSION_PUBLISH, args[3], args[4])
+  redis.call('PUBLISH', args[5], args[6])
+  return 1
+end
+
+-- Remove a session that is now whole in Postgres, only if it is still the copy that was stored there.
+-- ARGV: epoch, seq, channel, frame, announce_channel, announce_frame. Returns 1 when removed, 0 when gone.
+local function suspend(keys, args)
+  local epoch, seq = unpack(redis.call('HMGET', keys[1], 'epoch', 'seq'))
+  if not epoch then return 0 end
+  if epoch ~= args[1] or seq ~= args[2] then return redis.error_reply('RETRY the session moved on') end
+  redis.call('DEL', keys[1], keys[2], keys[3], keys[4])
+  redis.call(SESSION_PUBLISH, args[3], args[4])
+  redis.call('PUBLISH', args[5], args[6])
+  return 1
+end
+
+redis.register_function{function_name='ms_snapshot_at', callback=snapshot_at, flags={'no-writes'}}
+redis.register_function('ms_snapshot', snapshot)
+redis.register_function('ms_restore', restore)
+redis.register_function('ms_suspend', suspend)

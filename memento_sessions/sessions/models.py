@@ -68,6 +68,9 @@ class EventIn(Strict):
     stateTransition: StateTransition | None = None
     impact: Impact | None = None
     data: dict[str, Any] | None = None
+    # The fencing token of the lease the actor holds on changeInfo.entityIds (docs/coordination.md): an
+    # older one than the newest grant on one of them is refused by the emit Function (stale_lease).
+    fencingToken: int | None = Field(default=None, ge=1, le=int(MAX_MAGNITUDE))
 
     @field_validator("data")
     @classmethod
