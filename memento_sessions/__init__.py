@@ -5,11 +5,12 @@ The package is laid out by stage; a package imports only from the ones before it
 
     the shared ground (this root: settings, errors, auth, keys, metrics, logs, rpc, backends,
     ratelimit, endpoints)
-    <- redisio/ (with the leaves embedded/, client/, ingest/, dashboard/)
-    <- sessions/ <- kg/ <- checkpoints/ <- bridge/ <- ws/ and mcp/ <- server/ <- cli.py
+    <- ingest/ (pure: imports nothing of the package)
+    <- redisio/ (with the leaves embedded/, client/, dashboard/)
+    <- sessions/ <- kg/ <- checkpoints/ <- bridge/ <- ws/ and mcp/ <- server/ <- cli.py and the cli_*.py commands
 
-Modules here may import only each other and third-party libraries, never a subpackage (cli.py,
-the command line over everything, is the one exception).
+Modules here may import only each other and third-party libraries, never a subpackage (cli.py and
+cli_*.py, the command line over everything, are the exception).
 """
 
 

@@ -12,8 +12,10 @@ feeds.py     Subscription and Watch, the bounded notification queues a Client ha
 errors.py    the exceptions (hierarchy in its docstring); JSON-RPC error codes mapped to RpcError subclasses
 backoff.py   the jittered exponential backoff between reconnects, and how often a call is retried
 wire.py      request params, their JSON encoding, the 1 MiB frame limit, the bearer token source
+conversation.py  LiveConversation: a session's conversation state folded live with the daemon's own reducer
 
-A leaf: it may import only the shared ground (errors, logs), never the daemon's packages.
+A leaf: it may import only the shared ground (errors, logs) and ingest/ (the reducer), never the daemon's
+packages.
 """
 
 from memento_sessions.client.backoff import RETRIES, backoff_delay
