@@ -20,7 +20,7 @@ RANKS: list[set[str]] = [
     {"redisio", "embedded", "client", "dashboard"},
     {"sessions"},
     {"kg"},
-    {"checkpoints"},
+    {"checkpoints", "coordination"},
     {"bridge"},
     {"ws", "mcp"},
     {"server"},

@@ -18,6 +18,8 @@ from memento_sessions.bridge import methods as bridge_methods
 from memento_sessions.checkpoints import methods as checkpoint_methods
 from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
+from memento_sessions.coordination import methods as coordination_methods
+from memento_sessions.coordination.service import Coordination
 from memento_sessions.kg import methods as kg_methods
 from memento_sessions.mcp.http import serve_mcp
 from memento_sessions.redisio.cluster import open_pipe
@@ -73,6 +75,9 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             kg_methods.register(registry, checkpointer.graphs)
             bridge = SessionBridge(manager, backends, settings.bridge_cache_events, settings.bridge_cache_bytes)
             bridge_methods.register(registry, bridge)
+            coordination = Coordination(manager, fanout, checkpointer.graphs, settings, uuid.uuid4().hex[:12])
+            await tg.start(coordination.run)
+            coordination_methods.register(registry, coordination)  # after the others: it hooks them
             async with serve_mcp(settings, registry) as mcp_app:
                 yield Services(settings, backends, registry, manager, fanout, checkpointer, tg, mcp_app)
             tg.cancel_scope.cancel()

@@ -1,0 +1,52 @@
+"""Conflict alerts: after an emit whose entities another agent leases, tell the holder and record it.
+
+The emit itself has succeeded; this adds, for each conflicting lease: a `lease.conflict` message in the
+holder's mailbox, pushed at once to its connections on any daemon, and one `conflict` event in the
+emitting session. Every id derives from the emitted event's seq, so a retried emit (a duplicate, which
+is never alerted anyway) or a retried alert writes nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from memento_sessions.auth import Identity
+from memento_sessions.coordination.leases import Leases
+from memento_sessions.coordination.mailbox import Mailbox
+from memento_sessions.metrics import LEASE_CONFLICT_ALERTS
+from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.sessions.models import EventIn
+
+Result = dict[str, Any]
+
+
+class Alerts:
+    """Finds the conflicts of emitted events and sends their alerts."""
+
+    def __init__(self, leases: Leases, mailbox: Mailbox, manager: SessionManager) -> None:
+        self.leases = leases
+        self.mailbox = mailbox
+        self.manager = manager
+
+    async def after_emit(self, who: Identity, session_id: str, seq: int, event: EventIn) -> list[Result]:
+        """The conflicts of one stored event (none when it names no entity), each alerted once."""
+        entity_ids = event.changeInfo.entityIds if event.changeInfo else []
+        if not entity_ids or event.type == "conflict":
+            return []
+        conflicts = await self.leases.conflicts(who.namespace, who.agent_id, entity_ids)
+        if conflicts:
+            await self._alert(who, session_id, seq, event, conflicts)
+        return conflicts
+
+    async def _alert(self, who: Identity, session_id: str, seq: int, event: EventIn,
+                     conflicts: Sequence[Result]) -> None:
+        for conflict in conflicts:
+            body = {**conflict, "sessionId": session_id, "seq": seq, "eventType": event.type, "by": who.agent_id}
+            message = {"messageId": f"conflict:{session_id}:{seq}:{conflict['leaseId']}",
+                       "from": who.agent_id, "to": conflict["heldBy"], "subject": "lease.conflict", "body": body}
+            if await self.mailbox.deliver(who.namespace, conflict["heldBy"], message,
+                                          self.mailbox.settings.mailbox_ttl, "lease.conflict"):
+                LEASE_CONFLICT_ALERTS.inc()
+        record = EventIn(id=f"conflict-{seq}", type="conflict", data={"seq": seq, "conflicts": list(conflicts)})
+        await self.manager.emit(who, session_id, record)

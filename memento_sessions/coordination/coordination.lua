@@ -1,0 +1,226 @@
+#!lua name=memento_coord
+-- The Redis Functions behind entity leases, mailboxes and the session side of fencing tokens
+-- (docs/coordination.md). Each call touches the keys of one hash tag only, so it is atomic and
+-- Cluster-safe: a namespace's leases share `{<ns>/coord}`, an agent's mailbox `{<ns>/agent/<id>}`,
+-- and mc_fence_sync writes a session's own keys (`{<sessionId>}`).
+-- Errors start with a word the Python side maps to a JSON-RPC error: NOTFOUND, FORBIDDEN, FULL <reason>.
+--
+-- Lease KEYS = {leases (hash leaseId -> lease JSON), holds (hash entityId -> JSON list of holds),
+--               expiry (zset leaseId -> expiresAt ms), fence (hash entityId -> newest exclusive token,
+--               field COUNTER the namespace's token counter), byagent (hash agentId -> JSON list of leaseIds),
+--               alive (zset agentId -> last seen ms)}.
+
+local COUNTER = '\1tokens' -- entity ids hold no control characters, so no entity is this field
+local KEEP = 7200 -- seconds a coordination key outlives its last write: the longest lease (3600) plus grace
+
+local function keep(keys)
+  for i = 1, #keys do redis.call('EXPIRE', keys[i], KEEP) end
+end
+
+local function decode_list(raw)
+  if not raw then return {} end
+  local list = cjson.decode(raw)
+  if type(list) ~= 'table' then return {} end
+  return list
+end
+
+-- cjson encodes an empty table as {}; holds and lease lists are arrays, so an empty one is deleted instead.
+local function store_list(key, field, list)
+  if #list == 0 then redis.call('HDEL', key, field) else redis.call('HSET', key, field, cjson.encode(list)) end
+end
+
+local function without(list, id)
+  local kept = {}
+  for _, item in ipairs(list) do
+    if item ~= id and (type(item) ~= 'table' or item.id ~= id) then table.insert(kept, item) end
+  end
+  return kept
+end
+
+-- Removes one lease from every structure; returns its JSON (or nil when it did not exist).
+local function drop(keys, lease_id)
+  local raw = redis.call('HGET', keys[1], lease_id)
+  redis.call('ZREM', keys[3], lease_id)
+  if not raw then return nil end
+  local lease = cjson.decode(raw)
+  for _, pair in ipairs(lease.covered) do
+    store_list(keys[2], pair[1], without(decode_list(redis.call('HGET', keys[2], pair[1])), lease_id))
+  end
+  store_list(keys[5], lease.agentId, without(decode_list(redis.call('HGET', keys[5], lease.agentId)), lease_id))
+  redis.call('HDEL', keys[1], lease_id)
+  return raw
+end
+
+local function drop_expired(keys, now)
+  local gone = redis.call('ZRANGEBYSCORE', keys[3], '-inf', now)
+  for _, lease_id in ipairs(gone) do drop(keys, lease_id) end
+  return #gone
+end
+
+-- A hold conflicts when another agent holds it and either side is exclusive.
+local function conflicts_of(keys, agent, mode, pairs_from, args)
+  local found = {}
+  for i = pairs_from, #args, 2 do
+    local entity, via = args[i], args[i + 1]
+    for _, hold in ipairs(decode_list(redis.call('HGET', keys[2], entity))) do
+      if hold.agent ~= agent and (mode == 'exclusive' or hold.mode == 'exclusive') then
+        local conflict = {entityId = entity, heldBy = hold.agent, leaseId = hold.id, mode = hold.mode}
+        if hold.via ~= '' then conflict.via = hold.via elseif via ~= '' then conflict.via = via end
+        table.insert(found, conflict)
+      end
+    end
+  end
+  return found
+end
+
+-- ARGV: now_ms, agent, lease_id, mode, ttl_ms, lease_max, lease_json_tail, then (entity, via) pairs.
+-- lease_json_tail is the lease's JSON without its closing brace; covered, token and expiry are added here.
+local function acquire(keys, args)
+  local now, agent, lease_id, mode, ttl = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5])
+  drop_expired(keys, now)
+  local conflicts = conflicts_of(keys, agent, mode, 8, args)
+  redis.call('ZADD', keys[6], now, agent)
+  if mode == 'exclusive' and #conflicts > 0 then
+    keep(keys)
+    return cjson.encode({granted = false, conflicts = conflicts})
+  end
+  if redis.call('HLEN', keys[1]) >= tonumber(args[6]) then
+    return redis.error_reply('FULL lease_limit ' .. args[6] .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
+  end
+  local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
+  local expires, covered = now + ttl, {}
+  for i = 8, #args, 2 do
+    local entity, via = args[i], args[i + 1]
+    local holds = decode_list(redis.call('HGET', keys[2], entity))
+    table.insert(holds, {id = lease_id, agent = agent, mode = mode, via = via, exp = expires})
+    redis.call('HSET', keys[2], entity, cjson.encode(holds))
+    if mode == 'exclusive' then redis.call('HSET', keys[4], entity, token) end
+    table.insert(covered, {entity, via})
+  end
+  redis.call('HSET', keys[1], lease_id, args[7] .. ',"covered":' .. cjson.encode(covered) .. ',"fencingToken":' ..
+             token .. ',"expiresAt":' .. expires .. '}')
+  redis.call('ZADD', keys[3], expires, lease_id)
+  local mine = decode_list(redis.call('HGET', keys[5], agent))
+  table.insert(mine, lease_id)
+  redis.call('HSET', keys[5], agent, cjson.encode(mine))
+  keep(keys)
+  return cjson.encode({granted = true, conflicts = conflicts, fencingToken = token, expiresAt = expires})
+end
+
+local function owned(keys, agent, lease_id, now)
+  local raw = redis.call('HGET', keys[1], lease_id)
+  if not raw then return nil, redis.error_reply('NOTFOUND lease ' .. lease_id .. ' not found') end
+  local lease = cjson.decode(raw)
+  if lease.expiresAt <= now then
+    drop(keys, lease_id)
+    return nil, redis.error_reply('NOTFOUND lease ' .. lease_id .. ' has expired')
+  end
+  if lease.agentId ~= agent then
+    return nil, redis.error_reply('FORBIDDEN lease ' .. lease_id .. ' is held by another agent')
+  end
+  return lease, nil
+end
+
+-- ARGV: now_ms, agent, lease_id, ttl_ms. The lease's holds and expiry move to now + ttl.
+local function renew(keys, args)
+  local now, agent, lease_id = tonumber(args[1]), args[2], args[3]
+  local lease, err = owned(keys, agent, lease_id, now)
+  if err then return err end
+  local expires = now + tonumber(args[4])
+  lease.expiresAt = expires
+  redis.call('HSET', keys[1], lease_id, cjson.encode(lease))
+  redis.call('ZADD', keys[3], expires, lease_id)
+  for _, pair in ipairs(lease.covered) do
+    local holds = decode_list(redis.call('HGET', keys[2], pair[1]))
+    for _, hold in ipairs(holds) do if hold.id == lease_id then hold.exp = expires end end
+    store_list(keys[2], pair[1], holds)
+  end
+  redis.call('ZADD', keys[6], now, agent)
+  keep(keys)
+  return expires
+end
+
+-- ARGV: now_ms, agent, lease_id
+local function release(keys, args)
+  local _, err = owned(keys, args[2], args[3], tonumber(args[1]))
+  if err then return err end
+  drop(keys, args[3])
+  return 1
+end
+
+-- Ends expired leases and those of agents not seen for grace_ms. ARGV: now_ms, grace_ms.
+-- Returns {expired, orphaned lease JSON...}.
+local function reap(keys, args)
+  local now, grace = tonumber(args[1]), tonumber(args[2])
+  local out = {drop_expired(keys, now)}
+  local agents = redis.call('HKEYS', keys[5])
+  for _, agent in ipairs(agents) do
+    local seen = redis.call('ZSCORE', keys[6], agent)
+    if not seen or tonumber(seen) < now - grace then
+      for _, lease_id in ipairs(decode_list(redis.call('HGET', keys[5], agent))) do
+        local raw = drop(keys, lease_id)
+        if raw then table.insert(out, raw) end
+      end
+      redis.call('HDEL', keys[5], agent)
+    end
+  end
+  return out
+end
+
+-- Mailbox KEYS = {order (zset messageId -> per-agent seq), messages (hash messageId -> message JSON,
+-- field '#' the agent's seq counter), acked (set of messageIds)}.
+-- ARGV: message_id, message_json_tail (the JSON after its opening `{"seq":N,`), max, ttl_s.
+-- Returns {seq, duplicate (0/1), dropped}.
+local function send(keys, args)
+  local prior = redis.call('ZSCORE', keys[1], args[1])
+  if prior then return {tonumber(prior), 1, 0} end
+  local seq = redis.call('HINCRBY', keys[2], '#', 1)
+  redis.call('HSET', keys[2], args[1], '{"seq":' .. seq .. ',' .. args[2])
+  redis.call('ZADD', keys[1], seq, args[1])
+  local dropped = 0
+  while redis.call('ZCARD', keys[1]) > tonumber(args[3]) do
+    local oldest = redis.call('ZPOPMIN', keys[1])
+    redis.call('HDEL', keys[2], oldest[1])
+    redis.call('SREM', keys[3], oldest[1])
+    dropped = dropped + 1
+  end
+  local ttl = tonumber(args[4])
+  for i = 1, 3 do
+    if redis.call('TTL', keys[i]) < ttl then redis.call('EXPIRE', keys[i], ttl) end
+  end
+  return {seq, 0, dropped}
+end
+
+-- ARGV: message ids. Marks those still stored as read; returns how many.
+local function ack(keys, args)
+  local count = 0
+  for _, id in ipairs(args) do
+    if redis.call('ZSCORE', keys[1], id) then
+      redis.call('SADD', keys[3], id)
+      count = count + 1
+    end
+  end
+  return count
+end
+
+-- Fencing, session side. KEYS = {session hash, idempotency hash}; ARGV: (entityId, token) pairs, the
+-- newest exclusive grant of each entity. Raises the session's `!fence:<entityId>` fields (they cannot
+-- collide with event ids) to those tokens, so the emit Function refuses an older one.
+local function fence_sync(keys, args)
+  if redis.call('EXISTS', keys[1]) == 0 then return 0 end
+  for i = 1, #args, 2 do
+    local field = '!fence:' .. args[i]
+    local current = tonumber(redis.call('HGET', keys[2], field) or '0')
+    if tonumber(args[i + 1]) > current then redis.call('HSET', keys[2], field, args[i + 1]) end
+  end
+  redis.call('PEXPIRE', keys[2], redis.call('PTTL', keys[1])) -- the marks live and die with the session
+  return 1
+end
+
+redis.register_function('mc_acquire', acquire)
+redis.register_function('mc_renew', renew)
+redis.register_function('mc_release', release)
+redis.register_function('mc_reap', reap)
+redis.register_function('mc_send', send)
+redis.register_function('mc_ack', ack)
+redis.register_function('mc_fence_sync', fence_sync)

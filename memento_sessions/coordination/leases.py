@@ -1,0 +1,164 @@
+"""Entity leases: acquire (exclusive all-or-nothing, or shared and advisory), renew, release, list, and the
+reaper that ends expired and orphaned leases. Each operation is one Function call on the namespace's
+lease keys (coordination.lua), so every daemon sees the same leases and no two grant one entity twice.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import pydantic_core
+
+from memento_sessions import keys
+from memento_sessions.auth import Identity
+from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.coordination.coverage import covered
+from memento_sessions.coordination.store import CoordStore
+from memento_sessions.errors import Conflict
+from memento_sessions.kg.graph import Graphs
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS
+from memento_sessions.settings import Settings
+
+log = get_logger(__name__)
+Result = dict[str, Any]
+REAP_EVERY = 1.0  # seconds between two reaper passes of one daemon (each pass is idempotent)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def iso(ms: int) -> str:
+    """Milliseconds since the epoch as ISO-8601 UTC."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def lease_view(raw: str) -> Result:
+    """A stored lease as clients see it: `covers` lists what it holds through the graph."""
+    lease = pydantic_core.from_json(raw)
+    lease["covers"] = [entity for entity, via in lease.pop("covered") if via]
+    lease["expiresAt"] = iso(lease["expiresAt"])
+    return dict(lease)
+
+
+def conflicts_of(raw_holds: Sequence[str | None], entity_ids: Sequence[str], agent: str, now: int) -> list[Result]:
+    """The live holds of other agents on `entity_ids` (one HMGET of the holds hash), as conflicts."""
+    found: list[Result] = []
+    for entity, raw in zip(entity_ids, raw_holds, strict=True):
+        for hold in pydantic_core.from_json(raw) if raw else ():
+            if hold["agent"] != agent and hold["exp"] > now:
+                conflict = {"entityId": entity, "heldBy": hold["agent"], "leaseId": hold["id"], "mode": hold["mode"]}
+                if hold["via"]:
+                    conflict["via"] = hold["via"]
+                found.append(conflict)
+    return found
+
+
+class Leases:
+    """Leases of every namespace, over the coordination Functions and the knowledge graph."""
+
+    def __init__(self, store: CoordStore, graphs: Graphs | None, settings: Settings) -> None:
+        self.store = store
+        self.graphs = graphs
+        self.settings = settings
+
+    async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,
+                      session_id: str | None = None, reason: str | None = None) -> Result:
+        """Grant a lease on the entities and what they contain, or (exclusive, any conflict) nothing."""
+        pairs = await covered(self.graphs, who.namespace, entity_ids)
+        lease_id, now = f"lease-{uuid.uuid4().hex[:20]}", now_ms()
+        tail = pydantic_core.to_json({"leaseId": lease_id, "agentId": who.agent_id, "mode": mode,
+                                      "entityIds": list(entity_ids), "sessionId": session_id, "reason": reason,
+                                      "acquiredAt": iso(now)}).decode()[:-1]
+        flat = [item for pair in pairs for item in pair]
+        try:
+            raw = await self.store.call("mc_acquire", keys.lease_keys(who.namespace).all(), now, who.agent_id,
+                                        lease_id, mode, ttl * 1000, self.settings.lease_max, tail, *flat)
+        except Conflict:
+            LEASE_ACQUIRES.labels("lease_limit").inc()
+            raise
+        await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
+        reply = pydantic_core.from_json(raw)
+        conflicts = reply["conflicts"] if isinstance(reply["conflicts"], list) else []
+        LEASE_ACQUIRES.labels("granted" if reply["granted"] else "refused").inc()
+        if not reply["granted"]:
+            return {"leaseId": None, "granted": False, "conflicts": conflicts, "fencingToken": None, "expiresAt": None}
+        return {"leaseId": lease_id, "granted": True, "conflicts": conflicts, "fencingToken": reply["fencingToken"],
+                "expiresAt": iso(reply["expiresAt"]), "covers": [entity for entity, via in pairs if via]}
+
+    async def renew(self, who: Identity, lease_id: str, ttl: int) -> Result:
+        """Move the lease's end to now + ttl (its fencing token stays)."""
+        expires = await self.store.call("mc_renew", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
+                                        lease_id, ttl * 1000)
+        return {"leaseId": lease_id, "expiresAt": iso(int(expires))}
+
+    async def release(self, who: Identity, lease_id: str) -> Result:
+        """End the lease now."""
+        await self.store.call("mc_release", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id, lease_id)
+        LEASE_ENDS.labels("released").inc()
+        return {"leaseId": lease_id, "released": True}
+
+    async def listed(self, namespace: str, entity_id: str | None = None, agent_id: str | None = None,
+                   cursor: str | None = None, limit: int = 100) -> Result:
+        """A page of the live leases, by leaseId, filtered by entity (what covers it) or agent."""
+        lkeys, now = keys.lease_keys(namespace), now_ms()
+        ids = await self._candidates(lkeys, entity_id, agent_id)
+        ids = sorted(i for i in ids if cursor is None or i > cursor)
+        raws = await self.store.command("HMGET", lkeys.leases, *ids[:limit + 1]) if ids else []
+        leases = [lease_view(raw) for raw in raws if raw and pydantic_core.from_json(raw)["expiresAt"] > now]
+        result: Result = {"leases": leases[:limit]}
+        if len(ids) > limit:
+            result["nextCursor"] = ids[limit - 1]
+        return result
+
+    async def _candidates(self, lkeys: keys.LeaseKeys, entity_id: str | None, agent_id: str | None) -> list[str]:
+        if entity_id is not None:
+            raw = await self.store.command("HGET", lkeys.holds, entity_id)
+            return [hold["id"] for hold in pydantic_core.from_json(raw)] if raw else []
+        if agent_id is not None:
+            raw = await self.store.command("HGET", lkeys.byagent, agent_id)
+            return list(pydantic_core.from_json(raw)) if raw else []
+        return [str(i) for i in await self.store.command("HKEYS", lkeys.leases)]
+
+    async def conflicts(self, namespace: str, agent: str, entity_ids: Sequence[str]) -> list[Result]:
+        """Other agents' live leases on `entity_ids` (directly or through what their leases contain)."""
+        raws = await self.store.command("HMGET", keys.lease_keys(namespace).holds, *entity_ids)
+        return conflicts_of(raws, entity_ids, agent, now_ms())
+
+    async def fences(self, namespace: str, entity_ids: Sequence[str]) -> list[tuple[str, int]]:
+        """The newest exclusive grant's fencing token of each entity that has one."""
+        raws = await self.store.command("HMGET", keys.lease_keys(namespace).fence, *entity_ids)
+        return [(entity, int(raw)) for entity, raw in zip(entity_ids, raws, strict=True) if raw]
+
+    async def sync_fences(self, namespace: str, session_id: str, entity_ids: Sequence[str]) -> None:
+        """Raise the session's fencing marks to the entities' newest grants, before an emit that carries a token."""
+        found = await self.fences(namespace, entity_ids)
+        if found:
+            skeys = keys.session_keys(namespace, session_id)
+            flat = [str(item) for pair in found for item in pair]
+            await self.store.call("mc_fence_sync", [skeys.session, skeys.ids], *flat)
+
+    async def reap_once(self) -> None:
+        """End every namespace's expired leases and those of agents gone for MEMENTO_LEASE_ORPHAN_GRACE."""
+        grace_ms = int(self.settings.lease_orphan_grace * 1000)
+        for namespace in await self.store.command("SMEMBERS", keys.coord_namespaces()):
+            out = await self.store.call("mc_reap", keys.lease_keys(str(namespace)).all(), now_ms(), grace_ms)
+            if int(out[0]):
+                LEASE_ENDS.labels("expired").inc(int(out[0]))
+            if len(out) > 1:
+                LEASE_ENDS.labels("orphaned").inc(len(out) - 1)
+                log.info("orphaned leases released", namespace=str(namespace), count=len(out) - 1)
+
+    async def reaper(self) -> None:
+        """Run reap_once forever; a Redis outage only delays it."""
+        while True:
+            try:
+                await self.reap_once()
+            except UNAVAILABLE as exc:
+                log.warning("lease reaper: Redis unavailable", error=repr(exc))
+            await anyio.sleep(REAP_EVERY)

@@ -1,0 +1,230 @@
+"""JSON-RPC methods of coordination (presence.*, lease.*, mailbox.*) and its hooks on the session methods.
+
+The hooks wrap methods already in the registry rather than editing them: every method notes the caller
+as active (presence, liveness); session.join/subscribe/leave/unsubscribe move presence; event.emit and
+event.emitBatch sync fencing marks before the write and report and alert conflicts after it;
+bridge.handoff adds the session's current leases and open conflicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
+
+import pydantic_core
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints, field_validator
+
+from memento_sessions.coordination.service import Coordination
+from memento_sessions.errors import Conflict
+from memento_sessions.metrics import STALE_LEASE_REFUSALS
+from memento_sessions.rpc import Call, Method, Registry, Result
+from memento_sessions.sessions.models import ClientId, EntityId, EventIn, Seq
+from memento_sessions.sessions.storable import check_text, value_problem
+
+RoleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+Recipient = Annotated[str, StringConstraints(pattern=r"^(role:[A-Za-z0-9._-]{1,64}|session:[A-Za-z0-9._:-]{1,128}|"
+                                             r"[A-Za-z0-9._:-]{1,128})$")]
+Subject = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
+MAX_BODY = 16 * 1024
+
+
+class Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class SessionParams(Params):
+    sessionId: ClientId
+
+
+class RolesParams(Params):
+    roles: list[RoleName] = Field(max_length=16)
+
+
+class AcquireParams(Params):
+    entityIds: list[EntityId] = Field(min_length=1, max_length=64)
+    ttl: int = Field(ge=5, le=3600)
+    mode: Literal["exclusive", "shared"] = "exclusive"
+    sessionId: ClientId | None = None
+    reason: Subject | None = None
+
+
+class RenewParams(Params):
+    leaseId: ClientId
+    ttl: int = Field(ge=5, le=3600)
+
+
+class ReleaseParams(Params):
+    leaseId: ClientId
+
+
+class ListLeasesParams(Params):
+    entityId: EntityId | None = None
+    agentId: ClientId | None = None
+    cursor: ClientId | None = None  # a previous page's nextCursor
+    limit: int = Field(default=100, ge=1, le=1000)
+
+
+class SendParams(Params):
+    to: Recipient
+    subject: Subject | None = None
+    body: JsonValue
+    ttl: int | None = Field(default=None, ge=60, le=30 * 86400)
+    id: ClientId | None = None
+
+    @field_validator("body")
+    @classmethod
+    def _small(cls, value: JsonValue) -> JsonValue:
+        problem = value_problem(value, "body")
+        if problem:
+            raise ValueError(problem)
+        if len(pydantic_core.to_json(value)) > MAX_BODY:
+            raise ValueError(f"body is larger than {MAX_BODY} bytes encoded")
+        return value
+
+
+class ReadParams(Params):
+    since: Seq = 0
+    limit: int = Field(default=100, ge=1, le=1000)
+    unreadOnly: bool = False
+
+
+class AckParams(Params):
+    messageIds: list[ClientId] = Field(min_length=1, max_length=1000)
+
+
+def register(registry: Registry, coord: Coordination) -> None:
+    """Add the coordination methods, then hook the session, emit and handoff methods already registered."""
+    write, read = "sessions:write", "sessions:read"
+
+    async def presence_get(call: Call, p: SessionParams) -> Result:
+        return {"agents": await coord.presence.agents(call.identity.namespace, p.sessionId)}
+
+    async def presence_set(call: Call, p: RolesParams) -> Result:
+        return await coord.presence.set_roles(call.identity.namespace, call.identity.agent_id, p.roles)
+
+    async def acquire(call: Call, p: AcquireParams) -> Result:
+        return await coord.leases.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
+
+    async def renew(call: Call, p: RenewParams) -> Result:
+        return await coord.leases.renew(call.identity, p.leaseId, p.ttl)
+
+    async def release(call: Call, p: ReleaseParams) -> Result:
+        return await coord.leases.release(call.identity, p.leaseId)
+
+    async def list_(call: Call, p: ListLeasesParams) -> Result:
+        return await coord.leases.listed(call.identity.namespace, p.entityId, p.agentId, p.cursor, p.limit)
+
+    async def send(call: Call, p: SendParams) -> Result:
+        return await coord.mailbox.send(call.identity, p.to, p.body, p.subject, p.ttl, p.id)
+
+    async def read_(call: Call, p: ReadParams) -> Result:
+        return await coord.mailbox.read(call.identity, p.since, p.limit, p.unreadOnly)
+
+    async def ack(call: Call, p: AckParams) -> Result:
+        return await coord.mailbox.ack(call.identity, p.messageIds)
+
+    registry.add("presence.get", SessionParams, presence_get, read)
+    registry.add("presence.set", RolesParams, presence_set, write)
+    registry.add("lease.acquire", AcquireParams, acquire, write)
+    registry.add("lease.renew", RenewParams, renew, write)
+    registry.add("lease.release", ReleaseParams, release, write)
+    registry.add("lease.list", ListLeasesParams, list_, read)
+    registry.add("mailbox.send", SendParams, send, write)
+    registry.add("mailbox.read", ReadParams, read_, read)
+    registry.add("mailbox.ack", AckParams, ack, write)
+    hook(registry, coord)
+
+
+Handler = Callable[[Call, Any], Awaitable[Result]]
+
+
+def wrap(registry: Registry, name: str, make: Callable[[Handler], Handler]) -> None:
+    """Replace a registered method's handler by `make(handler)` (nothing when it is not registered)."""
+    method = registry.methods.get(name)
+    if method is not None:
+        registry.methods[name] = Method(name, method.params, make(method.handler), method.scope)
+
+
+def hook(registry: Registry, coord: Coordination) -> None:
+    """Wrap the methods coordination must see: every call (activity), presence moves, emits, handoff."""
+    for name in ("session.join", "session.subscribe"):
+        wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=True))
+    for name in ("session.leave", "session.unsubscribe"):
+        wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=False))
+    wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
+    wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
+    wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
+    for name in list(registry.methods):
+        wrap(registry, name, lambda inner: activity_hook(coord, inner))
+
+
+def activity_hook(coord: Coordination, inner: Handler) -> Handler:
+    async def handler(call: Call, params: Any) -> Result:
+        await coord.seen(call)
+        return await inner(call, params)
+    return handler
+
+
+def presence_hook(coord: Coordination, inner: Handler, *, enter: bool) -> Handler:
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        conn = await coord.seen(call)
+        if conn is not None:
+            await (coord.presence.enter if enter else coord.presence.exit)(conn, params.sessionId)
+        return result
+    return handler
+
+
+def fenced(events: list[EventIn]) -> list[str]:
+    """The entities of the events that carry a fencing token."""
+    return sorted({entity for event in events if event.fencingToken is not None and event.changeInfo
+                   for entity in event.changeInfo.entityIds})
+
+
+async def write_fenced(coord: Coordination, call: Call, session_id: str, events: list[EventIn],
+                       write: Callable[[], Awaitable[Result]]) -> Result:
+    """Run an emit after syncing the session's fencing marks; a stale token is counted."""
+    entities = fenced(events)
+    if entities:
+        await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
+    try:
+        return await write()
+    except Conflict as exc:
+        if isinstance(exc.data, dict) and exc.data.get("reason") == "stale_lease":
+            STALE_LEASE_REFUSALS.inc()
+        raise
+
+
+def emit_hook(coord: Coordination, inner: Handler) -> Handler:
+    async def handler(call: Call, params: Any) -> Result:
+        result = await write_fenced(coord, call, params.sessionId, [params.event],
+                                    lambda: inner(call, params))
+        if not result.get("duplicate"):
+            conflicts = await coord.alerts.after_emit(call.identity, params.sessionId, result["seq"], params.event)
+            if conflicts:
+                result["conflicts"] = conflicts
+        return result
+    return handler
+
+
+def batch_hook(coord: Coordination, inner: Handler) -> Handler:
+    async def handler(call: Call, params: Any) -> Result:
+        result = await write_fenced(coord, call, params.sessionId, params.events,
+                                    lambda: inner(call, params))
+        duplicates, found = set(result.get("duplicates", ())), []
+        for seq, event in zip(result["seqs"], params.events, strict=True):
+            if seq not in duplicates:
+                found += [{**c, "seq": seq} for c in await coord.alerts.after_emit(call.identity, params.sessionId,
+                                                                                   seq, event)]
+        if found:
+            result["conflicts"] = found
+        return result
+    return handler
+
+
+def handoff_hook(coord: Coordination, inner: Handler) -> Handler:
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        result.update(await coord.handoff_leases(call.identity.namespace, result))
+        return result
+    return handler

@@ -1,0 +1,215 @@
+"""Presence: which agents are in a session, active or idle, across every daemon on one Redis.
+
+An agent is present in a session while one of its connections has joined or subscribed to it. Each
+daemon writes, per session, one field per agent it serves (`<agentId>/<daemonId>`: connections, last
+request, heartbeat) and refreshes it every heartbeat; a field whose heartbeat is older than STALE_BEATS
+heartbeats belongs to a daemon that died and counts as gone. The same heartbeat keeps each connected
+agent's `alive` score fresh, which is what keeps its leases from being orphaned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pydantic_core
+
+from memento_sessions import keys
+from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.coordination.store import CoordStore
+from memento_sessions.logs import get_logger
+from memento_sessions.rpc import Call, Peer, encode_notification
+from memento_sessions.settings import Settings
+
+log = get_logger(__name__)
+Result = dict[str, Any]
+STALE_BEATS = 3  # heartbeats missed before another daemon's field counts as gone
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def iso(ms: int) -> str:
+    """Milliseconds since the epoch as ISO-8601 UTC."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+@dataclass
+class Conn:
+    """One local connection that made a request: its agent and the sessions it is present in."""
+
+    namespace: str
+    agent: str
+    peer: Peer
+    last_request: int
+    sessions: set[str] = field(default_factory=set)
+    idle: bool = False
+
+
+class Presence:
+    """This daemon's side of presence, and presence.get over every daemon's fields."""
+
+    def __init__(self, store: CoordStore, settings: Settings, daemon_id: str) -> None:
+        self.store = store
+        self.daemon = daemon_id
+        self.idle_ms = int(settings.presence_idle * 1000)
+        # A beat well inside both the idle time and the orphan grace, so neither is judged on stale data.
+        self.beat = min(5.0, settings.presence_idle / 3, settings.lease_orphan_grace / 3)
+        self.conns: dict[str, Conn] = {}
+        self.seen: set[tuple[str, str]] = set()  # agents that called without a connection (MCP) since the last beat
+        self.spawn: Spawn | None = None
+
+    def touch(self, call: Call) -> Conn | None:
+        """A request: the caller is active (again); returns its connection's state (None over MCP)."""
+        who, peer = call.identity, call.peer
+        if peer is None:
+            self.seen.add((who.namespace, who.agent_id))
+            return None
+        conn = self.conns.get(peer.conn_id)
+        if conn is None:
+            return None
+        conn.last_request = now_ms()
+        if conn.idle:
+            conn.idle = False
+            self._later(self._publish_all(conn, "active"))
+        return conn
+
+    def connect(self, call: Call) -> Conn:
+        """The first request of a connection: track it until it closes."""
+        assert call.peer is not None
+        conn = Conn(call.identity.namespace, call.identity.agent_id, call.peer, now_ms())
+        self.conns[call.peer.conn_id] = conn
+        call.peer.on_close(lambda: self._closed(conn))
+        return conn
+
+    async def enter(self, conn: Conn, session_id: str) -> None:
+        """The connection joined or subscribed to the session."""
+        if session_id in conn.sessions:
+            return
+        before = await self._present(conn.namespace, session_id, conn.agent)
+        conn.sessions.add(session_id)
+        await self._write(conn.namespace, session_id, conn.agent)
+        if not before:
+            await self._publish(conn.namespace, session_id, conn.agent, "joined")
+
+    async def exit(self, conn: Conn, session_id: str) -> None:
+        """The connection left or unsubscribed from the session."""
+        if session_id in conn.sessions:
+            conn.sessions.discard(session_id)
+            await self._gone(conn.namespace, session_id, conn.agent)
+
+    def _closed(self, conn: Conn) -> None:
+        if self.conns.pop(conn.peer.conn_id, None) is None:
+            return
+        sessions, conn.sessions = conn.sessions, set()
+        self._later(self._leave_all(conn, sessions))
+
+    async def _leave_all(self, conn: Conn, sessions: set[str]) -> None:
+        await self.store.command("ZADD", keys.lease_keys(conn.namespace).alive, "GT", now_ms(), conn.agent)
+        for session_id in sessions:
+            await self._gone(conn.namespace, session_id, conn.agent)
+
+    async def _gone(self, namespace: str, session_id: str, agent: str) -> None:
+        await self._write(namespace, session_id, agent)
+        if not await self._present(namespace, session_id, agent):
+            await self._publish(namespace, session_id, agent, "left")
+
+    def _local(self, namespace: str, session_id: str, agent: str) -> list[Conn]:
+        return [c for c in self.conns.values()
+                if c.agent == agent and c.namespace == namespace and session_id in c.sessions]
+
+    async def _write(self, namespace: str, session_id: str, agent: str) -> None:
+        """This daemon's field of the agent in the session: written while it has connections there, else removed."""
+        key, name, local = keys.presence_key(namespace, session_id), f"{agent}/{self.daemon}", \
+            self._local(namespace, session_id, agent)
+        if not local:
+            await self.store.command("HDEL", key, name)
+            return
+        value = pydantic_core.to_json({"c": len(local), "r": max(c.last_request for c in local), "h": now_ms()})
+        await self.store.command("HSET", key, name, value.decode())
+        await self.store.command("PEXPIRE", key, int(self.beat * 1000 * STALE_BEATS * 4))
+
+    async def _present(self, namespace: str, session_id: str, agent: str) -> bool:
+        return any(a["agentId"] == agent for a in await self.agents(namespace, session_id))
+
+    async def agents(self, namespace: str, session_id: str) -> list[Result]:
+        """presence.get: every agent with a live field, its connections summed and its last request."""
+        fields = await self.store.command("HGETALL", keys.presence_key(namespace, session_id))
+        pairs = dict(zip(fields[::2], fields[1::2], strict=True)) if isinstance(fields, list) else dict(fields)
+        now, merged = now_ms(), dict[str, dict[str, Any]]()
+        for name, raw in pairs.items():
+            value = pydantic_core.from_json(raw)
+            if value["h"] < now - self.beat * 1000 * STALE_BEATS:
+                continue  # its daemon stopped beating: gone
+            agent = str(name).rpartition("/")[0]
+            seen = merged.setdefault(agent, {"agentId": agent, "connections": 0, "r": 0})
+            seen["connections"] += value["c"]
+            seen["r"] = max(seen["r"], value["r"])
+        return [{"agentId": a["agentId"], "status": "active" if now - a["r"] < self.idle_ms else "idle",
+                 "lastSeen": iso(a["r"]), "connections": a["connections"]} for a in sorted(merged.values(),
+                                                                                     key=lambda a: a["agentId"])]
+
+    async def _publish(self, namespace: str, session_id: str, agent: str, status: str) -> None:
+        frame = encode_notification("session.presence", {"sessionId": session_id, "agentId": agent, "status": status})
+        await self.store.command("PUBLISH", keys.session_channel(namespace, session_id), frame.decode())
+
+    async def _publish_all(self, conn: Conn, status: str) -> None:
+        for session_id in list(conn.sessions):
+            await self._publish(conn.namespace, session_id, conn.agent, status)
+
+    def _later(self, work: Awaitable[None]) -> None:
+        async def run() -> None:
+            try:
+                await work
+            except UNAVAILABLE as exc:
+                log.warning("presence update lost: Redis unavailable", error=repr(exc))
+        if self.spawn is not None:
+            self.spawn(run)
+
+    async def heartbeat(self) -> None:
+        """Forever: refresh this daemon's fields and its agents' liveness, and announce agents gone idle."""
+        while True:
+            await anyio.sleep(self.beat)
+            try:
+                await self.beat_once()
+            except UNAVAILABLE as exc:
+                log.warning("presence heartbeat: Redis unavailable", error=repr(exc))
+
+    async def beat_once(self) -> None:
+        """One heartbeat."""
+        now = now_ms()
+        alive = {(c.namespace, c.agent) for c in self.conns.values()} | self.seen
+        self.seen = set()
+        for namespace, agent in alive:
+            await self.store.command("ZADD", keys.lease_keys(namespace).alive, "GT", now, agent)
+            await self.store.command("EXPIRE", keys.lease_keys(namespace).alive, 7200)
+        written: set[tuple[str, str, str]] = set()
+        for conn in list(self.conns.values()):
+            for session_id in conn.sessions:
+                if (conn.namespace, session_id, conn.agent) not in written:
+                    written.add((conn.namespace, session_id, conn.agent))
+                    await self._write(conn.namespace, session_id, conn.agent)
+            if not conn.idle and now - conn.last_request >= self.idle_ms:
+                conn.idle = True
+                await self._publish_all(conn, "idle")
+
+    async def set_roles(self, namespace: str, agent: str, roles: list[str]) -> Result:
+        """Declare the agent's roles (replacing earlier ones): mailbox.send to `role:<name>` reaches it."""
+        old = await self.store.command("HGET", keys.agent_roles(namespace), agent)
+        for role in (old or "").split(","):
+            if role and role not in roles:
+                await self.store.command("SREM", keys.role_members(namespace, role), agent)
+        for role in roles:
+            await self.store.command("SADD", keys.role_members(namespace, role), agent)
+            await self.store.command("EXPIRE", keys.role_members(namespace, role), ROLE_TTL)
+        await self.store.command("HSET", keys.agent_roles(namespace), agent, ",".join(roles))
+        await self.store.command("EXPIRE", keys.agent_roles(namespace), ROLE_TTL)
+        return {"agentId": agent, "roles": roles}
+
+
+ROLE_TTL = 7 * 86400  # seconds a declared role is kept after it was last declared

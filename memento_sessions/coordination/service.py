@@ -1,0 +1,91 @@
+"""The coordination service: presence, leases, mailboxes and alerts over one daemon's Redis and graph."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+
+from memento_sessions import keys
+from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.coordination.alerts import Alerts
+from memento_sessions.coordination.leases import Leases, now_ms
+from memento_sessions.coordination.mailbox import Mailbox
+from memento_sessions.coordination.presence import Conn, Presence
+from memento_sessions.coordination.store import CoordStore
+from memento_sessions.kg.graph import Graphs
+from memento_sessions.logs import get_logger
+from memento_sessions.redisio.fanout import Fanout
+from memento_sessions.rpc import Call, Result
+from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.settings import Settings
+
+log = get_logger(__name__)
+
+
+class Coordination:
+    """Everything coordination keeps per daemon; `run` keeps its heartbeat and reaper going."""
+
+    def __init__(self, manager: SessionManager, fanout: Fanout | None, graphs: Graphs | None, settings: Settings,
+                 daemon_id: str) -> None:
+        self.store = CoordStore(manager.redis, manager.store.pipe)
+        self.presence = Presence(self.store, settings, daemon_id)
+        self.leases = Leases(self.store, graphs, settings)
+        self.mailbox = Mailbox(self.store, settings, fanout)
+        self.alerts = Alerts(self.leases, self.mailbox, manager)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Load the library, then beat and reap until cancelled."""
+        try:
+            await self.store.load()
+        except UNAVAILABLE as exc:
+            log.warning("coordination library not loaded yet; Redis unavailable", error=repr(exc))
+        async with anyio.create_task_group() as tg:
+            self.presence.spawn = lambda work: tg.start_soon(work)
+            tg.start_soon(self.presence.heartbeat)
+            tg.start_soon(self.leases.reaper)
+            task_status.started()
+
+    async def seen(self, call: Call) -> Conn | None:
+        """Note a request; a connection's first one starts its presence and its mailbox push."""
+        conn = self.presence.touch(call)
+        if conn is None and call.peer is not None and call.peer.conn_id not in self.presence.conns:
+            conn = self.presence.connect(call)
+            await self.mailbox.attach(call.identity.namespace, call.identity.agent_id, call.peer)
+        return conn
+
+    async def handoff_leases(self, namespace: str, handoff: Result) -> Result:
+        """The live leases on the handoff's entities, and those held by agents outside the session (open
+        conflicts for whoever takes it over)."""
+        entities = sorted(handoff_entities(handoff))
+        if not entities:
+            return {"leases": [], "openConflicts": []}
+        raws = await self.store.command("HMGET", keys.lease_keys(namespace).holds, *entities)
+        leases = live_holds(entities, raws, now_ms())
+        agents = set(handoff.get("agentIds") or ())
+        return {"leases": leases, "openConflicts": [lease for lease in leases if lease["heldBy"] not in agents]}
+
+
+def handoff_entities(handoff: Result) -> set[str]:
+    """Every entity a handoff context names: its KG context and its recent changes."""
+    found = {str(item.get("entityId")) for item in handoff.get("kgContext") or () if item.get("entityId")}
+    for change in handoff.get("recentChanges") or ():
+        found.update((change.get("changeInfo") or {}).get("entityIds") or ())
+    return found
+
+
+def live_holds(entities: Sequence[str], raws: Sequence[str | None], now: int) -> list[dict[str, Any]]:
+    """Each live hold as `{entityId, heldBy, leaseId, mode, via?}`."""
+    import pydantic_core
+
+    out: list[dict[str, Any]] = []
+    for entity, raw in zip(entities, raws, strict=True):
+        for hold in pydantic_core.from_json(raw) if raw else ():
+            if hold["exp"] > now:
+                item = {"entityId": entity, "heldBy": hold["agent"], "leaseId": hold["id"], "mode": hold["mode"]}
+                if hold["via"]:
+                    item["via"] = hold["via"]
+                out.append(item)
+    return out

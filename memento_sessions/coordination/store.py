@@ -1,0 +1,56 @@
+"""The coordination Function library: loaded at start, re-loaded if Redis lost it, errors translated once."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from memento_sessions.errors import Forbidden
+from memento_sessions.logs import get_logger
+from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.sessions.store import translate
+
+log = get_logger(__name__)
+LIBRARY = resources.files("memento_sessions.coordination").joinpath("coordination.lua").read_text()
+
+
+class CoordStore:
+    """FCALLs the `memento_coord` functions, over the auto-pipelined connection when there is one."""
+
+    def __init__(self, redis: aioredis.Redis, pipe: Pipe | None = None) -> None:
+        self.redis = redis
+        self.pipe = pipe
+
+    async def load(self) -> None:
+        """(Re)load the library; REPLACE makes this safe for every daemon at every start."""
+        await self.redis.function_load(LIBRARY, replace=True)
+
+    async def call(self, function: str, keys: Sequence[str], *args: str | int) -> Any:
+        """FCALL `function`; a function error becomes its JSON-RPC error."""
+        try:
+            return await self.command("FCALL", function, len(keys), *keys, *args)
+        except ResponseError as exc:
+            if "Function not found" not in str(exc):
+                raise coord_error(str(exc)) from None
+        log.warning("redis lost the coordination library; reloading")
+        await self.load()
+        try:
+            return await self.command("FCALL", function, len(keys), *keys, *args)
+        except ResponseError as exc:
+            raise coord_error(str(exc)) from None
+
+    async def command(self, *args: str | int | float) -> Any:
+        """One command over the pipe (in order with the emits) or the pooled client."""
+        if self.pipe is not None:
+            return await self.pipe.call(*args)
+        return await self.redis.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def coord_error(message: str) -> Exception:
+    """FORBIDDEN replies become Forbidden; the rest as the sessions library's errors."""
+    word, _, text = message.partition(" ")
+    return Forbidden(text) if word == "FORBIDDEN" else translate(message)

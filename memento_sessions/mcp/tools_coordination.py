@@ -1,0 +1,184 @@
+"""The MCP tools of coordination: who_is_here, the lease tools, and the mailbox tools.
+
+Like every tool, each one runs its JSON-RPC method through the shared registry (`call` is the owning
+Tools' call), so validation, scopes, namespaces and results are the method's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, cast
+
+from mcp_types import ToolAnnotations
+from pydantic import ConfigDict, Field, JsonValue, with_config
+from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
+
+from memento_sessions.coordination.methods import (
+    AcquireParams,
+    ListLeasesParams,
+    ReadParams,
+    Recipient,
+    RenewParams,
+    Subject,
+)
+from memento_sessions.mcp.models import Bounds
+from memento_sessions.sessions.models import ClientId, EntityId
+
+if TYPE_CHECKING:
+    from memento_sessions.mcp.tools import Tools
+
+Call = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
+Json = dict[str, Any]
+_OPEN = ConfigDict(extra="allow")
+READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+WRITE = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+IDEMPOTENT = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True,
+                             open_world_hint=False)
+
+SessionId = Annotated[ClientId, Field(description="The session's id.")]
+EntityIds = Annotated[list[EntityId], Bounds(AcquireParams, "entityIds"), Field(
+    description="The codebase entities to lease, e.g. ['file:src/auth.py'] or ['sym:src/auth.py:login'].")]
+LeaseTtl = Annotated[int, Bounds(AcquireParams, "ttl"), Field(description="Seconds the lease lasts unless renewed.")]
+Mode = Annotated[Literal["exclusive", "shared"], Field(
+    description="'exclusive' (granted only if nobody else holds any of them) or 'shared' (advisory: always "
+                "granted, conflicts reported).")]
+LeaseSession = Annotated[ClientId | None, Field(description="The session you work in, if any.")]
+Reason = Annotated[Subject | None, Field(description="Why you take it, shown to other agents.")]
+LeaseId = Annotated[ClientId, Field(description="The leaseId returned by acquire_lease.")]
+RenewTtl = Annotated[int, Bounds(RenewParams, "ttl"), Field(description="Seconds from now the lease lasts.")]
+LeaseEntity = Annotated[EntityId | None, Field(description="Only leases covering this entity.")]
+LeaseAgent = Annotated[ClientId | None, Field(description="Only leases held by this agent.")]
+LeaseCursor = Annotated[ClientId | None, Field(description="Omit first; then the previous reply's nextCursor.")]
+LeaseLimit = Annotated[int, Bounds(ListLeasesParams, "limit"), Field(description="At most this many leases.")]
+To = Annotated[Recipient, Field(description="An agent id, 'role:<name>' (agents that declared the role) or "
+                                            "'session:<id>' (every agent of that session but you).")]
+MessageSubject = Annotated[Subject | None, Field(description="A short subject line.")]
+Body = Annotated[JsonValue, Field(description="The message: any JSON, at most 16 KiB encoded.")]
+MessageTtl = Annotated[int | None, Field(ge=60, le=30 * 86400, description="Seconds an unread message is kept.")]
+MessageId = Annotated[ClientId | None, Field(description="Your id for the message: sending it again is harmless.")]
+InboxSince = Annotated[int, Bounds(ReadParams, "since"), Field(
+    description="Only messages with seq greater than this: 0 first, then the previous reply's nextSince.")]
+InboxLimit = Annotated[int, Bounds(ReadParams, "limit"), Field(description="At most this many messages.")]
+UnreadOnly = Annotated[bool, Field(description="True to skip messages you acknowledged.")]
+MessageIds = Annotated[list[ClientId], Field(min_length=1, max_length=1000, description="The messageIds to mark read.")]
+
+
+@with_config(_OPEN)
+class Here(TypedDict):
+    agents: list[Json]
+
+
+@with_config(_OPEN)
+class Lease(TypedDict):
+    leaseId: str | None
+    granted: bool
+    conflicts: list[Json]
+    fencingToken: int | None
+    expiresAt: str | None
+    covers: NotRequired[list[str]]
+
+
+@with_config(_OPEN)
+class Renewed(TypedDict):
+    leaseId: str
+    expiresAt: str
+
+
+@with_config(_OPEN)
+class Released(TypedDict):
+    leaseId: str
+    released: bool
+
+
+@with_config(_OPEN)
+class LeaseList(TypedDict):
+    leases: list[Json]
+    nextCursor: NotRequired[str]
+
+
+@with_config(_OPEN)
+class Sent(TypedDict):
+    messageId: str
+    recipients: list[str]
+
+
+@with_config(_OPEN)
+class Inbox(TypedDict):
+    messages: list[Json]
+    nextSince: NotRequired[int]
+
+
+@with_config(_OPEN)
+class Acked(TypedDict):
+    acked: int
+
+
+class CoordinationTools:
+    """The eight coordination tools over one `call`."""
+
+    def __init__(self, call: Call) -> None:
+        self.call = call
+
+    async def who_is_here(self, sessionId: SessionId) -> Here:
+        """See which agents are in a session right now before you start work in it: each agent's id, whether
+        it is 'active' (made a request lately) or 'idle', when it was last seen and how many connections it
+        has. An agent whose connections all closed or whose daemon died is not listed."""
+        return cast(Here, await self.call("presence.get", {"sessionId": sessionId}))
+
+    async def acquire_lease(self, entityIds: EntityIds, ttl: LeaseTtl, mode: Mode = "exclusive",
+                            sessionId: LeaseSession = None, reason: Reason = None) -> Lease:
+        """Acquire a lease before editing a file, symbol or cluster that other agents may touch. A lease on a
+        file also covers the symbols it defines, a cluster its members. Exclusive is all or nothing: if
+        another agent holds any of them, granted is false and conflicts names each holder, its leaseId and
+        'via' (the file or cluster the conflict came through); wait, pick other work or message the holder.
+        Shared is advisory. Keep the fencingToken and put it on the events you emit for those entities:
+        an event with an older token than a newer grant is refused (stale_lease). Renew before expiresAt."""
+        params = {"entityIds": entityIds, "ttl": ttl, "mode": mode, "sessionId": sessionId, "reason": reason}
+        return cast(Lease, await self.call("lease.acquire", params))
+
+    async def renew_lease(self, leaseId: LeaseId, ttl: RenewTtl) -> Renewed:
+        """Extend a lease you hold while you are still working on its entities; it then ends ttl seconds from
+        now. Fails with not found (-32004) when it already ended (expired, released, or you were gone too long)."""
+        return cast(Renewed, await self.call("lease.renew", {"leaseId": leaseId, "ttl": ttl}))
+
+    async def release_lease(self, leaseId: LeaseId) -> Released:
+        """Release a lease as soon as you are done with its entities, so other agents can take them."""
+        return cast(Released, await self.call("lease.release", {"leaseId": leaseId}))
+
+    async def list_leases(self, entityId: LeaseEntity = None, agentId: LeaseAgent = None,
+                          cursor: LeaseCursor = None, limit: LeaseLimit = 100) -> LeaseList:
+        """List live leases: those covering one entity, those of one agent, or all of your namespace. Each has
+        its leaseId, agentId, mode, entityIds, covers (entities held through the graph), fencingToken and
+        expiresAt. When the reply has nextCursor, call again with cursor=nextCursor for the rest."""
+        params = {"entityId": entityId, "agentId": agentId, "cursor": cursor, "limit": limit}
+        return cast(LeaseList, await self.call("lease.list", params))
+
+    async def send_message(self, to: To, body: Body, subject: MessageSubject = None, ttl: MessageTtl = None,
+                           id: MessageId = None) -> Sent:
+        """Send a message to another agent, to every agent with a role, or to every agent of a session: a
+        follow-up, a question to a lease holder, a handoff note. A connected recipient gets it at once; an
+        absent one finds it in its inbox. Returns the messageId and the recipients."""
+        params = {"to": to, "body": body, "subject": subject, "ttl": ttl, "id": id}
+        return cast(Sent, await self.call("mailbox.send", params))
+
+    async def read_inbox(self, since: InboxSince = 0, limit: InboxLimit = 100, unreadOnly: UnreadOnly = False) -> Inbox:
+        """Read your messages, oldest first, including lease conflict alerts (subject 'lease.conflict'): call it
+        when you start or resume work. Each has seq, messageId, from, subject, body, sentAt and read. When the
+        reply has nextSince, call again with since=nextSince. Acknowledge what you handled with ack_messages."""
+        params = {"since": since, "limit": limit, "unreadOnly": unreadOnly}
+        return cast(Inbox, await self.call("mailbox.read", params))
+
+    async def ack_messages(self, messageIds: MessageIds) -> Acked:
+        """Mark messages as read once you handled them, so read_inbox with unreadOnly skips them."""
+        return cast(Acked, await self.call("mailbox.ack", {"messageIds": messageIds}))
+
+    def registrations(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
+        """Every coordination tool with its annotations."""
+        return [(self.who_is_here, READ), (self.acquire_lease, WRITE), (self.renew_lease, IDEMPOTENT),
+                (self.release_lease, IDEMPOTENT), (self.list_leases, READ), (self.send_message, WRITE),
+                (self.read_inbox, READ), (self.ack_messages, IDEMPOTENT)]
+
+
+def registrations(tools: Tools) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
+    """The coordination tools, each running its method through `tools.call`."""
+    return CoordinationTools(tools.call).registrations()

@@ -1,0 +1,187 @@
+"""Entity leases (SPEC 12): graph coverage, all-or-nothing exclusives, fencing, conflict alerts, orphans."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.kg.graph import Graph
+from memento_sessions.server.daemon import Daemon, running
+from tests.conftest import make_settings, token
+from tests.rpcsocket import RpcSocket, rpc
+
+pytestmark = pytest.mark.anyio
+FILE, LOGIN = "file:src/auth.py", "sym:src/auth.py:login"
+
+
+@asynccontextmanager
+async def two_daemons(urls: Endpoints, tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[Daemon, Daemon]]:
+    """Two daemons on the same Redis, as behind a load balancer."""
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(running(make_settings(urls, tmp_path / "1", **overrides)))
+        second = await stack.enter_async_context(running(make_settings(urls, tmp_path / "2", **overrides)))
+        yield first, second
+
+
+async def auth_graph(graph: Graph) -> None:
+    await graph.query("CREATE (:CodebaseEntity {id: $file})-[:DEFINES]->(:CodebaseEntity:Symbol {id: $sym})",
+                      {"file": FILE, "sym": LOGIN})
+
+
+async def session(sock: RpcSocket) -> str:
+    sid: str = (await sock.call("session.create", {}))["sessionId"]
+    return sid
+
+
+async def test_a_file_lease_covers_its_symbols_and_an_emit_on_one_alerts_the_holder(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str, graph: Graph) -> None:
+    await auth_graph(graph)
+    async with two_daemons(backend_urls, tmp_path) as (d1, d2), rpc(d1.port, token("a", namespace)) as a, \
+            rpc(d2.port, token("b", namespace)) as b:
+        held = await a.call("lease.acquire", {"entityIds": [FILE], "ttl": 60, "mode": "exclusive"})
+        assert held["granted"] is True and held["covers"] == [LOGIN] and held["fencingToken"] >= 1
+
+        refused = await b.call("lease.acquire", {"entityIds": [LOGIN], "ttl": 60, "mode": "exclusive"})
+        assert refused == {"leaseId": None, "granted": False, "fencingToken": None, "expiresAt": None,
+                           "conflicts": [{"entityId": LOGIN, "heldBy": "a", "leaseId": held["leaseId"],
+                                          "mode": "exclusive", "via": FILE}]}
+        assert (await b.call("lease.list", {"agentId": "b"}))["leases"] == []  # nothing granted
+
+        sid = await session(b)
+        started = time.perf_counter()
+        emitted = await b.call("event.emit", {"sessionId": sid, "event": {
+            "type": "modified", "changeInfo": {"entityIds": [LOGIN], "operation": "modified"}}})
+        alert = await a.notification("lease.conflict", timeout=2)
+        assert time.perf_counter() - started < 0.1
+        conflict = {"entityId": LOGIN, "heldBy": "a", "leaseId": held["leaseId"], "mode": "exclusive", "via": FILE}
+        assert emitted == {"seq": 1, "duplicate": False, "conflicts": [conflict]}
+        assert alert["params"]["body"] == {**conflict, "sessionId": sid, "seq": 1, "eventType": "modified", "by": "b"}
+
+        events = (await b.call("session.get", {"sessionId": sid}))["events"]
+        assert [e["type"] for e in events] == ["modified", "conflict"]
+        assert events[1]["data"] == {"seq": 1, "conflicts": [conflict]}
+        inbox = (await a.call("mailbox.read", {}))["messages"]
+        assert [(m["subject"], m["body"]["seq"]) for m in inbox] == [("lease.conflict", 1)]
+
+
+async def test_exclusive_is_all_or_nothing_and_shared_is_advisory(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        await a.call("lease.acquire", {"entityIds": ["e2"], "ttl": 60, "mode": "exclusive"})
+        refused = await b.call("lease.acquire", {"entityIds": ["e1", "e2", "e3"], "ttl": 60})
+        assert refused["granted"] is False and [c["entityId"] for c in refused["conflicts"]] == ["e2"]
+        assert (await b.call("lease.list", {"entityId": "e1"}))["leases"] == []  # e1 and e3 not granted either
+        shared = await b.call("lease.acquire", {"entityIds": ["e2"], "ttl": 60, "mode": "shared"})
+        assert shared["granted"] is True and [c["heldBy"] for c in shared["conflicts"]] == ["a"]
+        listed = (await b.call("lease.list", {"entityId": "e2"}))["leases"]
+        assert sorted((lease["agentId"], lease["mode"]) for lease in listed) == [("a", "exclusive"), ("b", "shared")]
+
+
+async def test_renew_release_and_ownership(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        lease = await a.call("lease.acquire", {"entityIds": ["x"], "ttl": 5})
+        assert (await b.error("lease.renew", {"leaseId": lease["leaseId"], "ttl": 60}))["code"] == -32001
+        assert (await b.error("lease.release", {"leaseId": lease["leaseId"]}))["code"] == -32001
+        renewed = await a.call("lease.renew", {"leaseId": lease["leaseId"], "ttl": 600})
+        assert renewed["expiresAt"] > lease["expiresAt"]
+        assert await a.call("lease.release", {"leaseId": lease["leaseId"]}) == {"leaseId": lease["leaseId"],
+                                                                                 "released": True}
+        assert (await a.error("lease.release", {"leaseId": lease["leaseId"]}))["code"] == -32004
+        assert (await b.call("lease.acquire", {"entityIds": ["x"], "ttl": 5}))["granted"] is True
+
+
+async def test_a_stale_fencing_token_is_refused_and_writes_nothing(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        sid = await session(a)
+        await b.call("session.join", {"sessionId": sid})
+        old = await a.call("lease.acquire", {"entityIds": ["x"], "ttl": 60})
+        await a.call("lease.release", {"leaseId": old["leaseId"]})
+        new = await b.call("lease.acquire", {"entityIds": ["x"], "ttl": 60})
+        assert new["fencingToken"] > old["fencingToken"]  # tokens only grow per entity
+        event = {"type": "modified", "changeInfo": {"entityIds": ["x"]}, "fencingToken": old["fencingToken"]}
+        error = await a.error("event.emit", {"sessionId": sid, "event": event})
+        assert error["code"] == -32009 and error["data"]["reason"] == "stale_lease"
+        assert (await a.call("session.get", {"sessionId": sid}))["session"]["seq"] == 0
+        good = await b.call("event.emit", {"sessionId": sid, "event": {**event, "fencingToken": new["fencingToken"]}})
+        assert good == {"seq": 1, "duplicate": False}
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"entityIds": [], "ttl": 60}, "entityIds"),
+    ({"entityIds": [f"e{i}" for i in range(65)], "ttl": 60}, "entityIds"),
+    ({"entityIds": ["e"], "ttl": 4}, "ttl"),
+    ({"entityIds": ["e"], "ttl": 3601}, "ttl"),
+    ({"entityIds": ["e"], "ttl": 60, "mode": "mine"}, "mode"),
+    ({"entityIds": ["bad\u0000id"], "ttl": 60}, "entityIds.0"),
+    ({"entityIds": ["e"], "ttl": 60, "extra": 1}, "extra"),
+])
+async def test_bad_acquires_are_refused_and_write_nothing(daemon: Daemon, namespace: str, params: dict[str, Any],
+                                                          field: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        error = await a.error("lease.acquire", params)
+        assert error["code"] == -32602 and field in [item["field"] for item in error["data"]]
+        assert (await a.call("lease.list", {}))["leases"] == []
+
+
+async def test_orphaned_leases_are_released_once_their_agent_is_gone(backend_urls: Endpoints, tmp_path: Path,
+                                                                     namespace: str) -> None:
+    settings = make_settings(backend_urls, tmp_path, lease_orphan_grace=2.0, presence_idle=3.0)
+    async with running(settings) as d, rpc(d.port, token("b", namespace)) as b:
+        sid = await session(b)
+        await b.call("session.subscribe", {"sessionId": sid})
+        async with rpc(d.port, token("a", namespace)) as a:
+            await a.call("session.join", {"sessionId": sid})
+            await a.call("lease.acquire", {"entityIds": ["x"], "ttl": 3600})
+            await anyio.sleep(3)  # longer than the grace: a connected agent keeps its lease
+            assert len((await b.call("lease.list", {"agentId": "a"}))["leases"]) == 1
+        left = await b.notification("session.presence", timeout=5)
+        while left["params"]["status"] != "left":
+            left = await b.notification("session.presence", timeout=5)
+        assert left["params"] == {"sessionId": sid, "agentId": "a", "status": "left"}
+        assert [p["agentId"] for p in (await b.call("presence.get", {"sessionId": sid}))["agents"]] == ["b"]
+        with anyio.fail_after(10):
+            while (await b.call("lease.list", {"agentId": "a"}))["leases"]:
+                await anyio.sleep(0.2)
+
+
+async def test_a_thousand_leases_and_64_agents_emitting_lose_and_double_no_alert(daemon: Daemon,
+                                                                                 namespace: str) -> None:
+    holders, emitters, per_agent = 4, 64, 4
+    async with AsyncExitStack() as stack:
+        owners = [await stack.enter_async_context(rpc(daemon.port, token(f"h{i}", namespace))) for i in range(holders)]
+        for n in range(1000):
+            granted = await owners[n % holders].call("lease.acquire", {"entityIds": [f"e{n}"], "ttl": 600})
+            assert granted["granted"]
+        agents = [await stack.enter_async_context(rpc(daemon.port, token(f"w{i}", namespace)))
+                  for i in range(emitters)]
+        sessions = [await session(agent) for agent in agents]
+
+        async def work(i: int) -> None:
+            for k in range(per_agent):
+                entity = f"e{(i * per_agent + k) % 1000}"
+                reply = await agents[i].call("event.emit", {"sessionId": sessions[i], "event": {
+                    "id": f"ev{k}", "type": "modified", "changeInfo": {"entityIds": [entity]}}})
+                assert [c["entityId"] for c in reply["conflicts"]] == [entity]
+                again = await agents[i].call("event.emit", {"sessionId": sessions[i], "event": {
+                    "id": f"ev{k}", "type": "modified", "changeInfo": {"entityIds": [entity]}}})
+                assert again["duplicate"] is True and "conflicts" not in again  # a retry alerts nobody again
+
+        async with anyio.create_task_group() as tg:
+            for i in range(emitters):
+                tg.start_soon(work, i)
+        alerts: list[tuple[str, int]] = []
+        for owner in owners:
+            page: dict[str, Any] = {"nextSince": 0}
+            while "nextSince" in page:
+                page = await owner.call("mailbox.read", {"since": page["nextSince"], "limit": 1000})
+                alerts += [(m["body"]["sessionId"], m["body"]["seq"]) for m in page["messages"]]
+        assert len(alerts) == emitters * per_agent and len(set(alerts)) == len(alerts)
+        for agent, sid in zip(agents, sessions, strict=True):
+            types = [e["type"] for e in (await agent.call("session.get", {"sessionId": sid}))["events"]]
+            assert types.count("conflict") == per_agent

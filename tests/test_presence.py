@@ -1,0 +1,88 @@
+"""Presence (SPEC 12): who is in a session, active or idle, across daemons; joined/idle/active/left pushed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import Daemon, running
+from tests.conftest import make_settings, token
+from tests.rpcsocket import RpcSocket, rpc
+from tests.test_leases import two_daemons
+
+pytestmark = pytest.mark.anyio
+
+
+async def statuses(sock: RpcSocket, until: str, timeout: float = 5.0,
+                   agent: str | None = None) -> list[tuple[str, str]]:
+    """The session.presence notifications (agent, status) received up to the first with status `until` (of
+    `agent`, when given)."""
+    seen: list[tuple[str, str]] = []
+    while not seen or seen[-1][1] != until or (agent is not None and seen[-1][0] != agent):
+        params = (await sock.notification("session.presence", timeout))["params"]
+        seen.append((params["agentId"], params["status"]))
+    return seen
+
+
+async def test_presence_spans_daemons_and_is_pushed(backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    async with two_daemons(backend_urls, tmp_path) as (d1, d2), rpc(d1.port, token("a", namespace)) as a, \
+            rpc(d2.port, token("b", namespace)) as b:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("session.subscribe", {"sessionId": sid})
+        assert await statuses(a, "joined") == [("a", "joined")]
+        await b.call("session.join", {"sessionId": sid})
+        assert await statuses(a, "joined") == [("b", "joined")]
+        for sock in (a, b):
+            agents = (await sock.call("presence.get", {"sessionId": sid}))["agents"]
+            assert [(x["agentId"], x["status"], x["connections"]) for x in agents] == [("a", "active", 1),
+                                                                                      ("b", "active", 1)]
+        await b.call("session.leave", {"sessionId": sid})
+        assert await statuses(a, "left") == [("b", "left")]
+        assert [x["agentId"] for x in (await a.call("presence.get", {"sessionId": sid}))["agents"]] == ["a"]
+
+
+async def test_an_agent_without_requests_turns_idle_then_active(backend_urls: Endpoints, tmp_path: Path,
+                                                               namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, presence_idle=1.0)) as d, \
+            rpc(d.port, token("a", namespace)) as a, rpc(d.port, token("b", namespace)) as b:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("session.subscribe", {"sessionId": sid})
+        await b.call("session.join", {"sessionId": sid})
+        started = time.monotonic()
+        await statuses(a, "idle", timeout=5, agent="b")
+        assert 1.0 <= time.monotonic() - started < 3.0  # MEMENTO_PRESENCE_IDLE=1 plus at most a heartbeat or two
+        agents = {x["agentId"]: x["status"] for x in (await a.call("presence.get", {"sessionId": sid}))["agents"]}
+        assert agents["b"] == "idle"
+        await b.call("session.get", {"sessionId": sid})
+        assert ("b", "active") in await statuses(a, "active", timeout=5, agent="b")
+
+
+async def test_a_closed_connection_is_gone_at_once(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("session.subscribe", {"sessionId": sid})
+        async with rpc(daemon.port, token("b", namespace)) as b:
+            await b.call("session.subscribe", {"sessionId": sid})
+            await b.call("session.join", {"sessionId": sid})
+            agents = (await a.call("presence.get", {"sessionId": sid}))["agents"]
+            assert [(x["agentId"], x["connections"]) for x in agents] == [("a", 1), ("b", 1)]
+        assert ("b", "left") in await statuses(a, "left")
+        with anyio.fail_after(2):
+            while len((await a.call("presence.get", {"sessionId": sid}))["agents"]) != 1:
+                await anyio.sleep(0.05)
+
+
+async def test_presence_set_and_bad_inputs(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        assert await a.call("presence.set", {"roles": ["reviewer", "tests"]}) == {"agentId": "a",
+                                                                                  "roles": ["reviewer", "tests"]}
+        error = await a.error("presence.set", {"roles": ["no spaces"]})
+        assert error["code"] == -32602 and error["data"][0]["field"] == "roles.0"
+        error = await a.error("presence.get", {"sessionId": "bad id"})
+        assert error["code"] == -32602 and error["data"][0]["field"] == "sessionId"
+        other = await a.call("presence.get", {"sessionId": "nobody-here"})
+        assert other == {"agents": []}
