@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import jwt
 
-from memento_sessions.errors import Forbidden, MementoError
+from memento_sessions.errors import AuthError as AuthError  # defined in errors; this name kept for importers
+from memento_sessions.errors import Forbidden
 
 SCOPES = ("sessions:read", "sessions:write", "kg:write", "admin")
 DEFAULT_SCOPE = "sessions:read sessions:write"
@@ -16,10 +17,6 @@ _NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # `ns` is required: a token that names no namespace must not silently land in `default`.
 REQUIRED = ("exp", "sub", "ns")
-
-
-class AuthError(MementoError):
-    """The token is missing, expired, forged or malformed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,17 +1,24 @@
-"""The exception hierarchy; every error a client can see carries its JSON-RPC code.
+"""The exception hierarchy, every class of it here; every error a client can see carries its JSON-RPC code.
 
 MementoError
- +-- ConfigError            bad configuration at start-up
- +-- BackendUnavailable     Redis, FalkorDB or Postgres did not answer (-32050)
- +-- RpcError               an error returned to a client as a JSON-RPC error
-      +-- ParseError        -32700
-      +-- InvalidRequest    -32600
-      +-- MethodNotFound    -32601
-      +-- InvalidParams     -32602 (data lists each field error)
-      +-- Forbidden         -32001
-      +-- NotFound          -32004
-      +-- Conflict          -32009
-      +-- RateLimited       -32029
+ +-- ConfigError               bad configuration at start-up
+ +-- AuthError                 a token missing, expired, forged or malformed (the handshake is refused)
+ +-- DataDirLocked             another daemon already uses the data directory
+ +-- EmbeddedStartError        an embedded server did not come up (the message points at its log)
+ +-- BadRecord                 a record of a KG file is not valid (the message names its line and field)
+ +-- RpcError                  an error returned to a client as a JSON-RPC error (-32603 when not one below)
+      +-- ParseError           -32700
+      +-- InvalidRequest       -32600
+      +-- MethodNotFound       -32601
+      +-- InvalidParams        -32602 (data lists each field error)
+      +-- Forbidden            -32001
+      +-- NotFound             -32004
+      +-- Conflict             -32009
+      +-- RateLimited          -32029
+      +-- BackendUnavailable   -32050: Redis, FalkorDB or Postgres did not answer
+
+Driver errors become BackendUnavailable in one place, memento_sessions.backends (`translated`, UNAVAILABLE).
+The client's own errors (a lost connection, a request timeout ...) are in memento_sessions.client.errors.
 """
 
 from __future__ import annotations
@@ -25,6 +32,27 @@ class MementoError(Exception):
 
 class ConfigError(MementoError):
     """The configuration cannot be used; the message names the variable."""
+
+
+class AuthError(MementoError):
+    """The token is missing, expired, forged or malformed."""
+
+
+class DataDirLocked(MementoError):
+    """Another daemon already uses this data directory."""
+
+
+class EmbeddedStartError(MementoError):
+    """An embedded server did not come up; the message points at its log."""
+
+
+class BadRecord(MementoError):
+    """A record of a KG file is not valid; the message names its line and field."""
+
+    def __init__(self, line: int, field: str, message: str) -> None:
+        super().__init__(f"line {line}: {field}: {message}")
+        self.line = line
+        self.field = field
 
 
 class RpcError(MementoError):
@@ -78,4 +106,6 @@ class RateLimited(RpcError):
 
 
 class BackendUnavailable(RpcError):
+    """Redis, FalkorDB or Postgres did not answer; the message names which."""
+
     code = -32050

@@ -33,6 +33,7 @@ from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import CHECKPOINTS, KG_ANCHORS_WRITTEN, SNAPSHOTS_DEFERRED
+from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import Emitted, SessionManager, now_ms
 from memento_sessions.settings import Settings
@@ -117,14 +118,9 @@ class Checkpointer:
             self._tg.start_soon(self._migrate_until_done)
 
     async def _migrate_until_done(self) -> None:
-        delay = 0.5
-        while True:
-            await anyio.sleep(delay)
-            try:
-                await self.snapshots.migrate()
-                return
-            except SNAPSHOT_TRANSIENT:
-                delay = min(delay * 2, 30.0)
+        """Migrate after 0.5 s, retried after 1, 2, 4 ... 30 s until Postgres takes it."""
+        await anyio.sleep(0.5)
+        await retry(self.snapshots.migrate, SNAPSHOT_TRANSIENT, first=1.0, cap=30.0, jitter=False)
 
     async def _flush_forever(self) -> None:
         """Store the snapshots left in Redis (by this daemon or one that stopped), now and every FLUSH_EVERY."""
@@ -233,17 +229,13 @@ class Checkpointer:
     async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary, broken: bool) -> None:
         # The snapshot row is named by its checkpoint id, known before the row exists (or while it is retried).
         ref = snapshot_ref(cp_id) if broken and self.backends.postgres.enabled else None
-        for attempt in range(3):
-            try:
-                graph = await self.graphs.get(namespace)
-                links = await write_anchor(graph, cp_id, session_id, summary, datetime.now(UTC),
-                                           self.settings.anchor_cap, ref)
-                KG_ANCHORS_WRITTEN.inc(links)
-                return
-            except BackendUnavailable:
-                if attempt == 2:
-                    raise
-                await anyio.sleep(0.05 * 2**attempt)
+
+        async def write() -> int:
+            graph = await self.graphs.get(namespace)
+            return await write_anchor(graph, cp_id, session_id, summary, datetime.now(UTC),
+                                      self.settings.anchor_cap, ref)
+
+        KG_ANCHORS_WRITTEN.inc(await retry(write, (BackendUnavailable,), attempts=3, first=0.05, jitter=False))
 
     async def _mark(self, namespace: str, session_id: str, cp_id: str, seq: int, result: dict[str, Any],
                     final: bool, snapshot_seq: int) -> None:

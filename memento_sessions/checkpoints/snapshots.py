@@ -10,25 +10,24 @@ into every event once. See docs/checkpoints.md.
 from __future__ import annotations
 
 import json
-import random
 import re
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
-import anyio
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from memento_sessions.backends import UNAVAILABLE, Postgres
+from memento_sessions.backends import UNANSWERED, Postgres
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS, FAILURE_SNAPSHOTS
+from memento_sessions.retry import retry
 
 log = get_logger(__name__)
 
 # Errors after which a retry may succeed: the server is down, restarting or shutting down.
-TRANSIENT: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable, asyncpg.OperatorInterventionError)
+TRANSIENT: tuple[type[BaseException], ...] = (*UNANSWERED, asyncpg.OperatorInterventionError)
 
 SCHEMA_LOCK = 0x6D656D656E746F01  # advisory lock key held while changing the schema or partitions
 PARTITION_NAME = re.compile(r"^session_snapshots_p(\d{8})$")
@@ -209,17 +208,14 @@ class Snapshots:
         if not self.postgres.enabled:
             raise BackendUnavailable("postgres is off (MEMENTO_POSTGRES_DSN=off): no snapshot is stored")
         at = snapshot_at or datetime.now(UTC)
-        delay = first_delay
-        while True:
-            try:
-                return await self.store_snapshot(namespace, session_id, checkpoint_id, outcome, events, at)
-            except TRANSIENT as exc:
-                pause = delay * random.uniform(0.5, 1.0)
-                BACKEND_ERRORS.labels("postgres").inc()
-                log.warning("snapshot store failed; retrying", checkpoint_id=checkpoint_id,
-                            retry_in=round(pause, 3), error=repr(exc))
-            await anyio.sleep(pause)
-            delay = min(delay * 2, max_delay)
+
+        def retrying(exc: BaseException, pause: float) -> None:
+            BACKEND_ERRORS.labels("postgres").inc()
+            log.warning("snapshot store failed; retrying", checkpoint_id=checkpoint_id,
+                        retry_in=round(pause, 3), error=repr(exc))
+
+        return await retry(lambda: self.store_snapshot(namespace, session_id, checkpoint_id, outcome, events, at),
+                           TRANSIENT, first=first_delay, cap=max_delay, retrying=retrying)
 
     async def drop_old_partitions(self, max_age_days: int, now: datetime | None = None) -> list[str]:
         """Drop the day partitions wholly older than `max_age_days`; returns their names."""

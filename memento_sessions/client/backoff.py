@@ -1,13 +1,10 @@
-"""How long the client waits before reconnecting, and how often a retried call is sent again."""
+"""How long the client waits before reconnecting, and how often a retried call is sent again.
+
+The backoff itself is the package's one helper (memento_sessions.retry); this module keeps its name here.
+"""
 
 from __future__ import annotations
 
-import random
+from memento_sessions.retry import backoff_delay as backoff_delay
 
 RETRIES = 5  # times `Client.call(..., retry=True)` is sent again after losing its connection
-
-
-def backoff_delay(attempt: int, first: float, cap: float) -> float:
-    """Exponential backoff with jitter: somewhere in the upper half of min(cap, first * 2**attempt)."""
-    ceiling = min(cap, first * 2 ** min(attempt, 30))
-    return random.uniform(ceiling / 2, ceiling)

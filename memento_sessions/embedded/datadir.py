@@ -12,13 +12,10 @@ import secrets
 from collections.abc import Callable
 from pathlib import Path
 
-from memento_sessions.errors import ConfigError, MementoError
+from memento_sessions.errors import ConfigError
+from memento_sessions.errors import DataDirLocked as DataDirLocked  # defined in errors; name kept for importers
 
 AUTH_SECRET_FILE = "auth_secret"
-
-
-class DataDirLocked(MementoError):
-    """Another daemon already uses this data directory."""
 
 
 class DataDirLock:

@@ -22,7 +22,8 @@ from functools import cached_property
 from pathlib import Path
 
 from memento_sessions.embedded.datadir import server_password
-from memento_sessions.embedded.process import CHILD_UMASK, ChildServer, EmbeddedStartError, as_user, kill_orphan
+from memento_sessions.embedded.process import CHILD_UMASK, ChildServer, as_user, kill_orphan
+from memento_sessions.errors import EmbeddedStartError
 
 _SYSTEM_USER = "pgserver"  # postgres refuses to run as root
 _HERE = "/proc/self/cwd"

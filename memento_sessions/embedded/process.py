@@ -15,7 +15,7 @@ from typing import Any, BinaryIO
 import anyio
 
 from memento_sessions.embedded.datadir import private_dir
-from memento_sessions.errors import MementoError
+from memento_sessions.errors import EmbeddedStartError as EmbeddedStartError  # defined in errors; name kept
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMBEDDED_RESTARTS
 
@@ -23,10 +23,6 @@ log = get_logger(__name__)
 _PR_SET_PDEATHSIG = 1
 START_TIMEOUT = 60.0
 CHILD_UMASK = 0o077  # every file a server creates (AOF, WAL, logs) is for the data dir's owner only
-
-
-class EmbeddedStartError(MementoError):
-    """An embedded server did not come up; the message points at its log."""
 
 
 def free_port() -> int:

@@ -63,7 +63,8 @@ def _namespace(value: str) -> str:
 def kg_load(args: argparse.Namespace, settings: Settings) -> int:
     """Validate the whole file, then upsert it; a bad line exits 1 with its number."""
     from memento_sessions.backends import UNANSWERED
-    from memento_sessions.kg.loader import BadRecord, load_file
+    from memento_sessions.errors import BadRecord
+    from memento_sessions.kg.loader import load_file
 
     try:
         nodes, edges = load_file(args.file)

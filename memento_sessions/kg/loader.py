@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from memento_sessions.errors import MementoError
+from memento_sessions.errors import BadRecord as BadRecord  # defined in errors; name kept for importers
 from memento_sessions.kg.graph import BASE_LABEL, LABELS, RELATIONSHIPS, Graph, Label, Relationship
 from memento_sessions.sessions.storable import check_id, value_problem
 
@@ -51,15 +51,6 @@ MERGE (b:CodebaseEntity {{id: row.to}}) ON CREATE SET b.stub = true
 MERGE (a)-[r:{rel}]->(b)
 SET r += row.props
 """ for rel in RELATIONSHIPS}
-
-
-class BadRecord(MementoError):
-    """A record of a KG file is not valid; the message names its line and field."""
-
-    def __init__(self, line: int, field: str, message: str) -> None:
-        super().__init__(f"line {line}: {field}: {message}")
-        self.line = line
-        self.field = field
 
 
 class _Strict(BaseModel):

@@ -26,6 +26,7 @@ from memento_sessions.redisio.cluster import open_pipe
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Registry
 from memento_sessions.sessions import conversation as conversation_methods
+from memento_sessions.sessions import lifecycle_methods
 from memento_sessions.sessions import conversation as conversation_methods
 from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.janitor import janitor
@@ -68,6 +69,7 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             await tg.start(checkpointer.run)
             await tg.start(run_while_leader, Lease(backends.redis), retention_job(backends, settings))
             session_methods.register(registry, manager)
+            tg.start_soon(lifecycle_methods.register(registry, manager, backends).run)  # extends session.*
             conversation_methods.register(registry, manager)
             conversation_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)

@@ -1,0 +1,66 @@
+"""memento_sessions.retry: the one retry-with-backoff helper every backend retry goes through."""
+
+from __future__ import annotations
+
+import pytest
+
+from memento_sessions.errors import BackendUnavailable, NotFound
+from memento_sessions.retry import backoff_delay, exponential, retry
+
+pytestmark = pytest.mark.anyio
+
+
+class Flaky:
+    """Fails `failures` times with `error`, then returns the number of calls."""
+
+    def __init__(self, failures: int, error: BaseException) -> None:
+        self.failures, self.error, self.calls = failures, error, 0
+        self.pauses: list[float] = []
+
+    async def __call__(self) -> int:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        return self.calls
+
+    def retrying(self, exc: BaseException, pause: float) -> None:
+        assert exc is self.error
+        self.pauses.append(pause)
+
+
+async def test_retries_until_the_call_succeeds_with_doubling_capped_pauses() -> None:
+    flaky = Flaky(5, BackendUnavailable("falkordb: away"))
+    assert await retry(flaky, (BackendUnavailable,), first=0.001, cap=0.006, jitter=False,
+                       retrying=flaky.retrying) == 6
+    assert flaky.pauses == [0.001, 0.002, 0.004, 0.006, 0.006]
+
+
+async def test_the_last_error_is_raised_after_the_attempts() -> None:
+    flaky = Flaky(10, BackendUnavailable("falkordb: away"))
+    with pytest.raises(BackendUnavailable) as raised:
+        await retry(flaky, (BackendUnavailable,), attempts=3, first=0.001, jitter=False, retrying=flaky.retrying)
+    assert raised.value is flaky.error
+    assert flaky.calls == 3
+    assert flaky.pauses == [0.001, 0.002]
+
+
+async def test_an_error_not_named_is_raised_at_once() -> None:
+    flaky = Flaky(1, NotFound("gone"))
+    with pytest.raises(NotFound):
+        await retry(flaky, (BackendUnavailable,), retrying=flaky.retrying)
+    assert (flaky.calls, flaky.pauses) == (1, [])
+
+
+async def test_jittered_pauses_lie_in_the_upper_half() -> None:
+    flaky = Flaky(4, OSError("refused"))
+    assert await retry(flaky, (OSError,), first=0.002, cap=0.01, retrying=flaky.retrying) == 5
+    assert [0.001 <= p <= 0.002 for p in flaky.pauses[:1]] == [True]
+    for attempt, pause in enumerate(flaky.pauses):
+        assert exponential(attempt, 0.002, 0.01) / 2 <= pause <= exponential(attempt, 0.002, 0.01)
+
+
+def test_backoff_delay_is_the_upper_half_of_min_cap_first_times_two_to_the_attempt() -> None:
+    for attempt in range(8):
+        ceiling = exponential(attempt, 0.1, 5.0)
+        assert ceiling == min(5.0, 0.1 * 2**attempt)
+        assert all(ceiling / 2 <= backoff_delay(attempt, 0.1, 5.0) <= ceiling for _ in range(50))
