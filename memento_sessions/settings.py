@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
+    auto_compact: bool = True
+    compact_keep: int = Field(default=1000, ge=0, le=100_000_000)
+    on_idle: Literal["expire", "suspend"] = "expire"
+    archive_after_days: int = Field(default=30, ge=1, le=3650)
 
     @field_validator("redis_url", "falkordb_url")
     @classmethod

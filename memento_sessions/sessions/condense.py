@@ -1,5 +1,9 @@
 """The condensed view of a session: what happened, without every event.
 
+This is the session's one reducer: the live condensed view, `session.get {atSeq}` (time travel),
+`session.diff` and the snapshots that compaction keeps all fold events through `Condenser`, so a view
+rebuilt from a snapshot plus the events after it is the view of the whole history.
+
 It is folded chunk by chunk (never the whole history in memory) and its lists are bounded, so the
 reply fits a send buffer whatever the session holds: the most frequent KEEP entities, the first KEEP
 event types (later new types count as `other`), and the last KEEP transitions.
@@ -14,7 +18,8 @@ from typing import Any
 from memento_sessions.sessions.models import STATE_OF_TYPE
 
 KEEP = 1000  # entities, types and transitions a condensed view lists
-TRACK = 10 * KEEP  # distinct entities counted before new ones are only tallied
+TRACK = 10 * KEEP  # distinct entities (and actors) counted before new ones are only tallied
+SNAPSHOT_VERSION = 1  # bump when the folded state's shape changes; older snapshots are then refused
 
 
 def transitions_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -38,16 +43,19 @@ def new_state(event: dict[str, Any]) -> str | None:
 
 
 class Condenser:
-    """Folds events in seq order into counts, entities, transitions and the perfDelta sum."""
+    """Folds events in seq order into counts, entities, transitions, actors and the perfDelta sum."""
 
-    def __init__(self) -> None:
+    def __init__(self, state: str = "working") -> None:
         self.counts: Counter[str] = Counter()
         self.entities: Counter[str] = Counter()
         self.untracked = 0  # entity mentions past TRACK distinct ids
         self.transitions: deque[dict[str, Any]] = deque(maxlen=KEEP)
         self.transition_count = 0
-        self.state = "working"
+        self.state = state
         self.perf_sum = 0.0
+        self.actors: dict[str, int] = {}  # actor -> seq of its first event, in order of appearance
+        self.seq = 0  # the last event folded
+        self.events = 0  # events folded
 
     def add(self, events: list[dict[str, Any]]) -> None:
         """Fold the next events (seq order)."""
@@ -56,12 +64,17 @@ class Condenser:
             self.counts[kind if kind in self.counts or len(self.counts) < KEEP else "other"] += 1
             self._entities((event.get("changeInfo") or {}).get("entityIds") or [])
             self.perf_sum += (event.get("impact") or {}).get("perfDelta") or 0.0
+            actor = event.get("actor")
+            if actor and actor not in self.actors and len(self.actors) < TRACK:
+                self.actors[actor] = event["seq"]
             new = new_state(event)
             if new and new != self.state:
                 self.transitions.append({"seq": event["seq"], "from": self.state, "to": new,
                                          "actor": event.get("actor")})
                 self.transition_count += 1
                 self.state = new
+            self.seq = event["seq"]
+            self.events += 1
 
     def _entities(self, ids: list[str]) -> None:
         for entity in ids:
@@ -82,6 +95,27 @@ class Condenser:
         if truncated:
             view["truncated"] = truncated
         return view
+
+    def dump(self) -> dict[str, Any]:
+        """The whole folded state as JSON-able data: a snapshot that `load` turns back into this Condenser."""
+        return {"v": SNAPSHOT_VERSION, "seq": self.seq, "events": self.events, "state": self.state,
+                "counts": dict(self.counts), "entities": dict(self.entities), "untracked": self.untracked,
+                "transitions": list(self.transitions), "transitionCount": self.transition_count,
+                "perfSum": self.perf_sum, "actors": self.actors}
+
+    @classmethod
+    def load(cls, data: dict[str, Any]) -> Condenser:
+        """A Condenser in the state `dump` saved; folding the events after it continues exactly there."""
+        if data.get("v") != SNAPSHOT_VERSION:
+            raise ValueError(f"snapshot version {data.get('v')!r}; this daemon reads {SNAPSHOT_VERSION}")
+        folder = cls(data["state"])
+        folder.seq, folder.events, folder.untracked = data["seq"], data["events"], data["untracked"]
+        folder.counts.update(data["counts"])
+        folder.entities.update(data["entities"])
+        folder.transitions.extend(data["transitions"])
+        folder.transition_count, folder.perf_sum = data["transitionCount"], data["perfSum"]
+        folder.actors = dict(data["actors"])
+        return folder
 
 
 def condense(events: list[dict[str, Any]]) -> dict[str, Any]:

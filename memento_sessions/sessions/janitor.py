@@ -53,3 +53,25 @@ async def janitor(redis: aioredis.Redis) -> None:
         except RedisError as exc:
             log.warning("index sweep failed", error=repr(exc))
         await anyio.sleep(INTERVAL)
+
+
+async def idle_sessions(redis: aioredis.Redis, margin_ms: int) -> list[tuple[str, str]]:
+    """(namespace, session id) of the onIdle=suspend sessions that Redis expires within `margin_ms`.
+
+    Such sessions carry a TTL `margin` longer than the one asked for (manager.create), so the margin is
+    the time left to move them to Postgres: several passes of this scan before anything is lost.
+    """
+    found: list[tuple[str, str]] = []
+    for namespace in [str(ns) for ns in await redis.smembers(keys.namespaces())]:
+        index, start = keys.session_index(namespace), 0
+        while ids := [str(sid) for sid in await redis.zrange(index, start, start + CHUNK - 1)]:
+            async with redis.pipeline(transaction=False) as pipe:
+                for sid in ids:
+                    session = keys.session_keys(namespace, sid).session
+                    pipe.hget(session, "onIdle")
+                    pipe.pttl(session)
+                replies = await pipe.execute()
+            found += [(namespace, sid) for sid, on_idle, pttl in zip(ids, replies[::2], replies[1::2], strict=True)
+                      if on_idle == "suspend" and 0 < int(pttl) <= margin_ms]
+            start += CHUNK
+    return found

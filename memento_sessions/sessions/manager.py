@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +26,7 @@ from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.conversation import ConversationFold
 from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EventIn
 from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_of
+from memento_sessions.sessions.snapshot_store import snapshot_at
 from memento_sessions.sessions.store import FunctionStore
 from memento_sessions.settings import Settings
 
@@ -42,6 +43,8 @@ class Emitted:
 
 
 EmitListener = Callable[[str, str, Sequence[Emitted]], None]
+FullHandler = Callable[[str, str], Awaitable[bool]]  # (namespace, session id) -> whether room was made
+IDLE_MARGIN = 120  # seconds an onIdle=suspend session's keys outlive its TTL: the time to suspend it in
 
 
 def now_ms() -> int:
@@ -111,6 +114,11 @@ def session_view(session_id: str, fields: dict[str, str], agents: Sequence[str],
     if fields.get("parentSessionId"):
         view["parentSessionId"] = fields["parentSessionId"]
         view["forkedAtSeq"] = int(fields.get("forkedAtSeq") or 0)
+    view["status"] = "completed" if fields["state"] == "completed" else "active"
+    if fields.get("compactedSeq"):
+        view["compactedSeq"] = int(fields["compactedSeq"])
+    if fields.get("onIdle"):
+        view["onIdle"] = fields["onIdle"]
     return view
 
 
@@ -161,6 +169,7 @@ class SessionManager:
         self.settings = settings
         self.store = FunctionStore(redis, pipe)
         self.listeners: list[EmitListener] = []
+        self.on_full: FullHandler | None = None  # auto-compaction (sessions/history.py) when it is on
 
     async def start(self) -> None:
         """Load the Function library (every daemon does, REPLACE makes it idempotent).
@@ -174,14 +183,18 @@ class SessionManager:
             log.warning("function library not loaded yet; Redis unavailable", error=repr(exc))
 
     async def create(self, who: Identity, *, entity_ids: Sequence[str] = (), session_id: str | None = None,
-                     ttl: int | None = None, labels: dict[str, str] | None = None) -> dict[str, Any]:
+                     ttl: int | None = None, labels: dict[str, str] | None = None,
+                     on_idle: str = "expire") -> dict[str, Any]:
         """A new working session with `who` as its first agent; with entity ids, a `start` event is seq 1.
 
         Everything is checked before anything is written, and the session with its start event is one
-        Function call, so a create that fails leaves nothing behind (no half-made session).
+        Function call, so a create that fails leaves nothing behind (no half-made session). With
+        `on_idle="suspend"` its keys live IDLE_MARGIN seconds longer than `ttl`: the time the lifecycle
+        has to move it to Postgres before Redis would expire it.
         """
         sid = session_id or f"sess-{uuid.uuid4()}"
         ttl = ttl or self.settings.session_ttl
+        stored_ttl = ttl + IDLE_MARGIN if on_idle == "suspend" else ttl
         now, epoch, labels = now_ms(), uuid.uuid4().hex[:16], labels or {}
         start = EventIn(type="start", changeInfo=ChangeInfo(elementType="session", entityIds=list(entity_ids),
                                                             operation="init")) if entity_ids else None
@@ -191,9 +204,10 @@ class SessionManager:
                                                              "agentId": who.agent_id, "labels": labels})
         indexed = await self._reserve(who.namespace, sid, now)
         try:
-            await self.store.call("ms_create", skeys, now, ttl, who.agent_id, epoch,
+            await self.store.call("ms_create", skeys, now, stored_ttl, who.agent_id, epoch,
                                   pydantic_core.to_json(labels).decode(), keys.announce_channel(who.namespace),
-                                  announce.decode(), "", "", body, channel, session_json)
+                                  announce.decode(), "", "", body, channel, session_json,
+                                  on_idle if on_idle != "expire" else "")
         except BaseException:
             if indexed:  # the reservation was this call's own: undo it, the session does not exist
                 await self.redis.zrem(keys.session_index(who.namespace), sid)
@@ -203,6 +217,14 @@ class SessionManager:
             self._notify(who.namespace, sid, [Emitted(1, False, start)])
         return {"sessionId": sid, "state": "working", "seq": 1 if start else 0, "agentIds": [who.agent_id],
                 "expiresAt": iso(now + ttl * 1000), "epoch": epoch}
+
+    async def reserve(self, namespace: str, session_id: str, now: int) -> bool:
+        """Take a place for a new session in the namespace's index (False: it was indexed already)."""
+        return await self._reserve(namespace, session_id, now)
+
+    async def index(self, namespace: str, session_id: str, created_ms: int) -> None:
+        """List a session again (a resumed one) under its creation time."""
+        await self._indexed(namespace, session_id, created_ms, False)
 
     async def _reserve(self, namespace: str, session_id: str, now: int) -> bool:
         """Take a place in the namespace's index (False: the id was indexed already); namespace_full past
@@ -270,9 +292,13 @@ class SessionManager:
         try:
             flat = await self.store.call("ms_emit", skeys, *args)
         except Conflict as exc:
-            if isinstance(exc.data, dict) and exc.data.get("reason") == "session_full":
+            if not (isinstance(exc.data, dict) and exc.data.get("reason") == "session_full"):
+                raise
+            # With MEMENTO_AUTO_COMPACT on, a full session is compacted and the emit tried once more.
+            if self.on_full is None or not await self.on_full(who.namespace, session_id):
                 SESSION_LIMIT_REFUSALS.labels("session_full").inc()
-            raise
+                raise
+            flat = await self.store.call("ms_emit", skeys, *args)
         done = [Emitted(int(flat[2 * i]), flat[2 * i + 1] == 1, event) for i, event in enumerate(events)]
         EMIT_SECONDS.observe(time.perf_counter() - started)
         self._notify(who.namespace, session_id, done)
@@ -293,7 +319,11 @@ class SessionManager:
             return await self._condensed(namespace, session_id)
         session, page = await self._page(namespace, session_id, since, limit or PAGE)
         events = [pydantic_core.from_json(member) for member in page.items]
-        result = {"session": session, "events": events}
+        result: dict[str, Any] = {"session": session, "events": events}
+        if since < session.get("compactedSeq", 0):
+            # The events up to compactedSeq are gone: the snapshot there stands for them, never a silent hole.
+            snap = await snapshot_at(self.store, keys.session_keys(namespace, session_id), session["compactedSeq"])
+            result["snapshot"] = snap.wire() if snap else None
         if page.more:
             result["nextSince"] = events[-1]["seq"]
             REPLY_PAGES.labels("session.get").inc()
@@ -331,6 +361,18 @@ class SessionManager:
             members = await self._events_after(events_key, seq_of(members[-1]), CHUNK)
         return {"session": session, **folder.result(), **conversation.condensed(),
                 "lastCheckpoint": session["lastCheckpoint"]}
+
+    async def view(self, namespace: str, session_id: str) -> dict[str, Any]:
+        """The session view alone (no events)."""
+        skeys = keys.session_keys(namespace, session_id)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(skeys.session)
+            pipe.smembers(skeys.agents)
+            pipe.pttl(skeys.session)
+            fields, agents, pttl = await pipe.execute()
+        if not fields:
+            raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
+        return session_view(session_id, fields, list(agents), pttl)
 
     async def read(self, namespace: str, session_id: str, since: int = 0,
                    limit: int | None = None) -> tuple[dict[str, Any], list[str]]:

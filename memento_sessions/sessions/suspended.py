@@ -1,0 +1,160 @@
+"""Suspended sessions in Postgres: `suspended_sessions`, one row per (namespace, session id).
+
+A suspended session is moved out of Redis whole and exact: its hash, agents, ids (with its compaction
+snapshots) and every stored event, so a resume writes back the same seqs and epoch. Writes are
+idempotent (an upsert keyed by namespace and session id that never replaces a newer copy), so two
+daemons suspending the same session at once store one row. The schema is migrated at start, the way
+the failure snapshots' is (versions in `memento_schema_migrations`, under an advisory lock).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from memento_sessions.backends import Postgres
+
+SCHEMA_LOCK = 0x6D656D656E746F02  # advisory lock key held while changing this table
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS memento_schema_migrations (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+LOCK_SCHEMA = "SELECT pg_advisory_xact_lock($1)"
+APPLIED_VERSIONS = "SELECT version FROM memento_schema_migrations"
+RECORD_VERSION = "INSERT INTO memento_schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING"
+
+# Versions from 101 up: the failure snapshots' migrations count from 1 in the same table.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (101, (
+        """CREATE TABLE suspended_sessions (
+            namespace text NOT NULL,
+            session_id text NOT NULL,
+            epoch text NOT NULL,
+            seq bigint NOT NULL,
+            status text NOT NULL,
+            state text NOT NULL,
+            fields jsonb NOT NULL,
+            agents jsonb NOT NULL,
+            ids jsonb NOT NULL,
+            events jsonb,
+            summary jsonb NOT NULL,
+            suspended_at timestamptz NOT NULL,
+            PRIMARY KEY (namespace, session_id)
+        )""",
+        "CREATE INDEX suspended_sessions_listing ON suspended_sessions (namespace, status, suspended_at DESC)",
+    )),
+)
+
+UPSERT = """
+INSERT INTO suspended_sessions (namespace, session_id, epoch, seq, status, state, fields, agents, ids, events,
+                                summary, suspended_at)
+VALUES ($1, $2, $3, $4, 'suspended', $5, $6::jsonb, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11)
+ON CONFLICT (namespace, session_id) DO UPDATE SET
+    epoch = EXCLUDED.epoch, seq = EXCLUDED.seq, status = 'suspended', state = EXCLUDED.state,
+    fields = EXCLUDED.fields, agents = EXCLUDED.agents, ids = EXCLUDED.ids, events = EXCLUDED.events,
+    summary = EXCLUDED.summary, suspended_at = EXCLUDED.suspended_at
+WHERE suspended_sessions.epoch <> EXCLUDED.epoch OR suspended_sessions.seq <= EXCLUDED.seq"""
+SELECT_ONE = """
+SELECT namespace, session_id, epoch, seq, status, state, fields::text, agents::text, ids::text, events::text,
+       summary::text, suspended_at
+FROM suspended_sessions WHERE namespace = $1 AND session_id = $2"""
+DELETE_RESUMED = "DELETE FROM suspended_sessions WHERE namespace = $1 AND session_id = $2 AND epoch = $3 AND seq = $4"
+LIST_PAGE = """
+SELECT session_id, epoch, seq, status, state, fields::text, agents::text, suspended_at FROM suspended_sessions
+WHERE namespace = $1 AND ($2::text IS NULL OR status = $2) AND suspended_at < $3
+ORDER BY suspended_at DESC LIMIT $4"""
+FORGET = "DELETE FROM suspended_sessions WHERE namespace = $1 AND session_id = $2"
+ARCHIVE_OLD = """
+UPDATE suspended_sessions SET status = 'archived', events = NULL, ids = '{}'::jsonb
+WHERE status = 'suspended' AND suspended_at < $1"""
+
+
+@dataclass(frozen=True, slots=True)
+class Suspended:
+    """One stored session: what Redis held when it was suspended."""
+
+    namespace: str
+    session_id: str
+    epoch: str
+    seq: int
+    status: str
+    state: str
+    fields: dict[str, str]
+    agents: list[str]
+    ids: dict[str, str]
+    events: list[str] | None  # raw stored members; None once archived
+    summary: dict[str, Any]
+    suspended_at: datetime
+
+
+class SuspendedStore:
+    """The `suspended_sessions` table over the daemon's (lazily connected) Postgres."""
+
+    def __init__(self, postgres: Postgres) -> None:
+        self.postgres = postgres
+        self._migrated = False
+
+    async def migrate(self) -> None:
+        """Create or upgrade the table; safe while another daemon does the same."""
+        if self._migrated:
+            return
+        pool = await self.postgres.pool()
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute(LOCK_SCHEMA, SCHEMA_LOCK)
+            await conn.execute(CREATE_MIGRATIONS_TABLE)
+            applied = {row["version"] for row in await conn.fetch(APPLIED_VERSIONS)}
+            for version, statements in MIGRATIONS:
+                if version not in applied:
+                    for statement in statements:
+                        await conn.execute(statement)
+                    await conn.execute(RECORD_VERSION, version)
+        self._migrated = True
+
+    async def put(self, row: Suspended) -> None:
+        """Store (or refresh) a suspended session; an older copy never replaces a newer one."""
+        await self.migrate()
+        pool = await self.postgres.pool()
+        await pool.execute(UPSERT, row.namespace, row.session_id, row.epoch, row.seq, row.state,
+                           json.dumps(row.fields), json.dumps(row.agents), json.dumps(row.ids),
+                           json.dumps(row.events), json.dumps(row.summary), row.suspended_at)
+
+    async def get(self, namespace: str, session_id: str) -> Suspended | None:
+        """The stored session, if any."""
+        await self.migrate()
+        pool = await self.postgres.pool()
+        rec = await pool.fetchrow(SELECT_ONE, namespace, session_id)
+        if rec is None:
+            return None
+        return Suspended(rec[0], rec[1], rec[2], rec[3], rec[4], rec[5], json.loads(rec[6]), json.loads(rec[7]),
+                         json.loads(rec[8]), json.loads(rec[9]) if rec[9] else None, json.loads(rec[10]), rec[11])
+
+    async def resumed(self, row: Suspended) -> None:
+        """Forget the stored copy once Redis holds it again (only that copy: a newer suspend stays)."""
+        pool = await self.postgres.pool()
+        await pool.execute(DELETE_RESUMED, row.namespace, row.session_id, row.epoch, row.seq)
+
+    async def forget(self, namespace: str, session_id: str) -> bool:
+        """Delete a stored session (session.clear); True when there was one."""
+        await self.migrate()
+        pool = await self.postgres.pool()
+        status: str = await pool.execute(FORGET, namespace, session_id)
+        return status.split()[-1] != "0"
+
+    async def page(self, namespace: str, status: str | None, before: datetime, limit: int) -> list[dict[str, Any]]:
+        """Stored sessions of a namespace, newest suspension first, suspended before `before`."""
+        await self.migrate()
+        pool = await self.postgres.pool()
+        rows = await pool.fetch(LIST_PAGE, namespace, status, before, limit)
+        return [{"sessionId": r[0], "epoch": r[1], "seq": r[2], "status": r[3], "state": r[4],
+                 "fields": json.loads(r[5]), "agentIds": sorted(json.loads(r[6])), "suspendedAt": r[7]}
+                for r in rows]
+
+    async def archive(self, older_than: datetime) -> int:
+        """Suspended sessions past retention become archived: events dropped, summary kept."""
+        await self.migrate()
+        pool = await self.postgres.pool()
+        status: str = await pool.execute(ARCHIVE_OLD, older_than)
+        return int(status.split()[-1])

@@ -1,0 +1,168 @@
+"""The lifecycle: suspend into Postgres and resume with the same seqs and epoch, fork, onIdle, status."""
+
+from __future__ import annotations
+
+import anyio
+import asyncpg
+import pytest
+import redis.asyncio as aioredis
+
+from memento_sessions import keys
+from memento_sessions.backends import Backends
+from memento_sessions.server.daemon import Daemon
+from memento_sessions.sessions.lifecycle_methods import LifecycleService
+from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.settings import Settings
+from tests.conftest import token
+from tests.rpcsocket import rpc
+
+pytestmark = pytest.mark.anyio
+
+
+async def stored_rows(dsn: str, namespace: str) -> list[tuple[str, int, str]]:
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch("SELECT session_id, seq, status FROM suspended_sessions WHERE namespace = $1 "
+                                "ORDER BY session_id", namespace)
+    finally:
+        await conn.close()
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
+async def test_suspend_and_resume_keep_seqs_epoch_and_every_event_once(daemon: Daemon, namespace: str) -> None:
+    r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
+    async with rpc(daemon.port, token("alice", namespace)) as peer, rpc(daemon.port, token("bob", namespace)) as sub:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [{"type": "modified", "id": f"e{i}"}
+                                                                          for i in range(9)]})
+        before = await peer.call("session.get", {"sessionId": sid})
+        subscribed = await sub.call("session.subscribe", {"sessionId": sid, "since": 10})
+        assert subscribed["recovered"] is True
+        done = await peer.call("session.suspend", {"sessionId": sid})
+        assert done == {"sessionId": sid, "status": "suspended", "seq": 10, "epoch": before["session"]["epoch"]}
+        assert await r.exists(*keys.session_keys(namespace, sid).all()) == 0
+        assert await stored_rows(daemon.settings.postgres_dsn or "", namespace) == [(sid, 10, "suspended")]
+        again = await peer.call("session.suspend", {"sessionId": sid})
+        assert again["status"] == "suspended"  # suspending twice is harmless
+        listed = await peer.call("session.list", {"status": "suspended"})
+        assert [s["sessionId"] for s in listed["sessions"]] == [sid]
+        assert (await peer.error("event.emit", {"sessionId": sid, "event": {"type": "x"}}))["code"] == -32004
+        resumed = await peer.call("session.resume", {"sessionId": sid})
+        assert resumed == {"sessionId": sid, "status": "active", "seq": 10, "epoch": before["session"]["epoch"]}
+        after = await peer.call("session.get", {"sessionId": sid})
+        assert after["events"] == before["events"] and after["session"]["epoch"] == before["session"]["epoch"]
+        assert await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "e3"}}) == {
+            "seq": 5, "duplicate": True}  # the idempotency ids came back too (seq 1 is the start event)
+        assert await peer.call("event.emit", {"sessionId": sid, "event": {"type": "broke"}}) == {
+            "seq": 11, "duplicate": False}
+        note = await sub.notification("session.event")
+        assert note["params"]["seq"] == 11 and note["params"]["epoch"] == before["session"]["epoch"]
+        methods = [n["method"] for n in sub.notifications]
+        assert "session.suspended" in methods and "session.resumed" in methods
+        # seq 11 was taken above: no other event arrived, none twice (the subscriber was at seq 10 already)
+        assert [n["params"]["seq"] for n in sub.notifications if n["method"] == "session.event"] == []
+        assert await stored_rows(daemon.settings.postgres_dsn or "", namespace) == []
+        assert (await peer.call("session.list", {"status": "active"}))["sessions"][0]["sessionId"] == sid
+    await r.aclose()
+
+
+async def test_resume_of_an_active_session_is_a_conflict_and_writes_nothing(daemon: Daemon, namespace: str) -> None:
+    r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        skeys = keys.session_keys(namespace, sid)
+        before = await r.hgetall(skeys.session)
+        error = await peer.error("session.resume", {"sessionId": sid})
+        assert error["code"] == -32009 and error["data"] == {"reason": "active"}
+        missing = await peer.error("session.resume", {"sessionId": "nope"})
+        assert missing["code"] == -32004
+        assert await r.hgetall(skeys.session) == before and await r.zcard(skeys.events) == 1
+    await r.aclose()
+
+
+async def test_two_daemons_suspend_and_resume_once(settings: Settings, backends: Backends, namespace: str) -> None:
+    managers = [SessionManager(backends.redis, settings) for _ in range(2)]
+    for manager in managers:
+        await manager.start()
+    services = [LifecycleService(manager, backends) for manager in managers]
+    from memento_sessions.auth import Identity
+    alice = Identity("alice", namespace, frozenset({"sessions:read", "sessions:write"}))
+    sid = (await managers[0].create(alice, entity_ids=["fn:a"]))["sessionId"]
+    results: list[dict[str, object]] = []
+
+    async def suspend(service: LifecycleService) -> None:
+        results.append(await service.lifecycle.suspend(namespace, sid))
+
+    async with anyio.create_task_group() as tg:
+        for service in services:
+            tg.start_soon(suspend, service)
+    assert [r["status"] for r in results] == ["suspended", "suspended"]
+    assert await stored_rows(settings.postgres_dsn or "", namespace) == [(sid, 1, "suspended")]
+    results.clear()
+
+    async def resume(service: LifecycleService) -> None:
+        try:
+            results.append(await service.lifecycle.resume(namespace, sid))
+        except Exception as exc:  # the loser may find the row already gone: not found, nothing written
+            results.append({"error": type(exc).__name__})
+
+    async with anyio.create_task_group() as tg:
+        for service in services:
+            tg.start_soon(resume, service)
+    assert {"sessionId": sid, "status": "active", "seq": 1, "epoch": results[0].get("epoch") or
+            results[1].get("epoch")} in results
+    assert await backends.redis.zcard(keys.session_keys(namespace, sid).events) == 1
+    assert await stored_rows(settings.postgres_dsn or "", namespace) == []
+
+
+async def test_fork_copies_events_up_to_at_seq_and_leaves_the_parent_alone(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [{"type": "broke"}, {"type": "test_pass"},
+                                                                          {"type": "modified"}]})
+        parent = await peer.call("session.get", {"sessionId": sid})
+        fork = await peer.call("session.fork", {"sessionId": sid, "atSeq": 2, "newSessionId": "fork-1"})
+        assert fork["sessionId"] == "fork-1" and fork["seq"] == 2 and fork["state"] == "broken"
+        assert fork["parentSessionId"] == sid and fork["forkedAtSeq"] == 2
+        assert fork["epoch"] != parent["session"]["epoch"]
+        forked = await peer.call("session.get", {"sessionId": "fork-1"})
+        assert forked["events"] == parent["events"][:2]
+        assert forked["session"]["parentSessionId"] == sid and forked["session"]["forkedAtSeq"] == 2
+        assert await peer.call("event.emit", {"sessionId": "fork-1", "event": {"type": "x"}}) == {
+            "seq": 3, "duplicate": False}
+        unchanged = await peer.call("session.get", {"sessionId": sid})
+        assert unchanged["events"] == parent["events"]
+        for name in ("seq", "state", "epoch", "updatedAt", "agentIds"):
+            assert unchanged["session"][name] == parent["session"][name], name
+        beyond = await peer.error("session.fork", {"sessionId": sid, "atSeq": 9})
+        assert beyond["code"] == -32602 and beyond["data"][0]["field"] == "atSeq"
+        taken = await peer.error("session.fork", {"sessionId": sid, "atSeq": 1, "newSessionId": "fork-1"})
+        assert taken["code"] == -32009
+        await peer.call("session.suspend", {"sessionId": sid})
+        from_suspended = await peer.call("session.fork", {"sessionId": sid, "atSeq": 4})
+        assert from_suspended["seq"] == 4 and from_suspended["state"] == "working"
+    async with rpc(daemon.port, token("eve", namespace + "x")) as other:
+        hidden = await other.error("session.fork", {"sessionId": "fork-1", "atSeq": 1})
+        assert hidden["code"] == -32004
+        assert (await other.call("session.list", {}))["sessions"] == []
+
+
+async def test_on_idle_suspend_moves_a_session_to_postgres_before_redis_expires_it(
+        daemon: Daemon, namespace: str) -> None:
+    r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"], "onIdle": "suspend", "ttl": 60}))[
+            "sessionId"]
+        skeys = keys.session_keys(namespace, sid)
+        assert 170_000 < await r.pttl(skeys.session) <= 180_000  # the TTL plus the margin to suspend it in
+        assert (await peer.call("session.get", {"sessionId": sid}))["session"]["onIdle"] == "suspend"
+        for key in skeys.all():
+            await r.pexpire(key, 30_000)  # idle: well inside the margin
+        assert daemon.services is not None
+        service = LifecycleService(daemon.services.manager, daemon.services.backends)
+        assert await service.suspend_idle() >= 1
+        assert await r.exists(skeys.session) == 0
+        assert await stored_rows(daemon.settings.postgres_dsn or "", namespace) == [(sid, 1, "suspended")]
+        bad = await peer.error("session.create", {"onIdle": "sleep"})
+        assert bad["code"] == -32602 and bad["data"][0]["field"] == "onIdle"
+    await r.aclose()
