@@ -166,3 +166,29 @@ async def test_on_idle_suspend_moves_a_session_to_postgres_before_redis_expires_
         bad = await peer.error("session.create", {"onIdle": "sleep"})
         assert bad["code"] == -32602 and bad["data"][0]["field"] == "onIdle"
     await r.aclose()
+
+
+LIFECYCLE_TOOLS = {"get_session_at", "diff_session", "snapshot_session", "compact_session", "fork_session",
+                   "suspend_session", "resume_session"}
+
+
+async def test_the_lifecycle_tools_over_mcp(daemon: Daemon, namespace: str) -> None:
+    from tests.test_mcp import failed, ok, over_http
+
+    async with over_http(daemon.port, token("alice", namespace)) as mcp:
+        listed = {tool.name for tool in (await mcp.list_tools()).tools}
+        assert listed >= LIFECYCLE_TOOLS
+        sid = ok(await mcp.call_tool("create_session", {"entityIds": ["fn:a"]}))["sessionId"]
+        ok(await mcp.call_tool("emit_event", {"sessionId": sid, "event": {"type": "broke"}}))
+        at = ok(await mcp.call_tool("get_session_at", {"sessionId": sid, "atSeq": 2}))
+        assert at["session"]["state"] == "broken" and at["counts"] == {"start": 1, "broke": 1}
+        diff = ok(await mcp.call_tool("diff_session", {"sessionId": sid, "fromSeq": 1, "toSeq": 2}))
+        assert diff["stateFrom"] == "working" and diff["stateTo"] == "broken" and diff["events"] == 1
+        text = failed(await mcp.call_tool("diff_session", {"sessionId": sid, "fromSeq": 2, "toSeq": 1}))
+        assert text.endswith("invalid params (-32602); fromSeq: 2 is after toSeq 1")
+        fork = ok(await mcp.call_tool("fork_session", {"sessionId": sid, "atSeq": 1}))
+        assert fork["seq"] == 1 and fork["state"] == "working" and fork["parentSessionId"] == sid
+        assert ok(await mcp.call_tool("suspend_session", {"sessionId": sid}))["status"] == "suspended"
+        assert ok(await mcp.call_tool("resume_session", {"sessionId": sid}))["seq"] == 2
+        text = failed(await mcp.call_tool("resume_session", {"sessionId": sid}))
+        assert "the session is active, not suspended (-32009); reason: active" in text
