@@ -1,0 +1,190 @@
+"""`memento-sessions session ...`: look at and steer sessions from a shell, over the running daemon's /ws.
+
+The commands are a client of the daemon like any other (memento_sessions.client.Client): they find its
+port in the data dir's runtime.json (or MEMENTO_PORT), and sign a token with the data dir's secret for
+the namespace given, unless MEMENTO_TOKEN is set. Tables are for people; `--json` prints the results
+as they come from the daemon, for scripts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+
+from memento_sessions.auth import issue_token
+from memento_sessions.client import Client
+from memento_sessions.embedded.datadir import existing_auth_secret
+from memento_sessions.endpoints import runtime_file
+from memento_sessions.errors import ConfigError, RpcError
+from memento_sessions.settings import Settings
+
+Action = Callable[[Client, argparse.Namespace], Awaitable[Any]]
+LIST_COLUMNS = ("sessionId", "status", "state", "seq", "agents", "updatedAt")
+
+
+def daemon_url(settings: Settings) -> str:
+    """ws://host:port/ws of the daemon running on the data dir (runtime.json), else MEMENTO_HOST/PORT."""
+    port = settings.port
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        port = int(json.loads(runtime_file(settings).read_text())["port"])
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    return f"ws://{host}:{port}/ws"
+
+
+def cli_token(settings: Settings, namespace: str, admin: bool = False) -> str:
+    """MEMENTO_TOKEN, else a short-lived token signed with the data dir's secret."""
+    if settings.token and not admin:
+        return settings.token
+    secret = settings.auth_secret or existing_auth_secret(settings.data_dir)
+    if secret is None:
+        if settings.token:
+            return settings.token
+        raise ConfigError(f"no MEMENTO_TOKEN and no daemon's secret in {settings.data_dir}")
+    scope = "sessions:read sessions:write" + (" admin" if admin else "")
+    return issue_token(secret, "cli", namespace, scope, 3600)
+
+
+def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    """Aligned plain-text columns; a broken session's row is marked with `!`."""
+    cells = [[str(row.get(name, "")) for name in columns] for row in rows]
+    widths = [max([len(name), *(len(line[i]) for line in cells)]) for i, name in enumerate(columns)]
+    lines = ["  " + "  ".join(name.upper().ljust(width) for name, width in zip(columns, widths, strict=True))]
+    for row, line in zip(rows, cells, strict=True):
+        mark = "!" if row.get("state") == "broken" else " "
+        lines.append(f"{mark} " + "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def listed(session: dict[str, Any]) -> dict[str, Any]:
+    return {**session, "agents": ",".join(session.get("agentIds", []))}
+
+
+async def list_(client: Client, args: argparse.Namespace) -> Any:
+    params = {"status": args.status, "agentId": args.agent, "limit": args.limit}
+    result = await client.call("session.list", {k: v for k, v in params.items() if v is not None})
+    return result if args.json else table([listed(s) for s in result["sessions"]], LIST_COLUMNS)
+
+
+async def show(client: Client, args: argparse.Namespace) -> Any:
+    params: dict[str, Any] = {"sessionId": args.id}
+    params.update({"atSeq": args.at} if args.at is not None else {"condensed": True})
+    result = await client.call("session.get", params)
+    if args.json:
+        return result
+    session = result["session"]
+    head = [f"{name}: {session.get(name)}" for name in ("sessionId", "status", "state", "seq", "epoch", "agentIds")
+            if name in session]
+    counts = table([{"type": k, "count": v} for k, v in result["counts"].items()], ("type", "count"))
+    moves = table(result["transitions"], ("seq", "from", "to", "actor"))
+    return "\n".join([*head, f"perfDelta: {result['perfDelta']}", "", counts, "", moves])
+
+
+async def diff(client: Client, args: argparse.Namespace) -> Any:
+    result = await client.call("session.diff", {"sessionId": args.id, "fromSeq": args.from_seq, "toSeq": args.to_seq})
+    if args.json:
+        return result
+    lines = [f"{args.from_seq} -> {args.to_seq}: {result['stateFrom']} -> {result['stateTo']}, "
+             f"{result['events']} events, perfDelta {result['perfDelta']}",
+             f"by type: {json.dumps(result['byType'])}", f"entities: {', '.join(result['entitiesChanged'])}",
+             f"agents joined: {', '.join(result['agentsJoined']) or '-'}"]
+    return "\n".join(lines)
+
+
+async def fork(client: Client, args: argparse.Namespace) -> Any:
+    params = {"sessionId": args.id, "atSeq": args.at, **({"newSessionId": args.new_id} if args.new_id else {})}
+    return await client.call("session.fork", params)
+
+
+def one(method: str) -> Action:
+    async def run(client: Client, args: argparse.Namespace) -> Any:
+        return await client.call(method, {"sessionId": args.id})
+    return run
+
+
+async def complete(client: Client, args: argparse.Namespace) -> Any:
+    return await client.call("session.checkpoint", {"sessionId": args.id, "final": True})
+
+
+async def tail(client: Client, args: argparse.Namespace) -> Any:
+    """Print events after --since; with -f keep following live (the client resubscribes after a cut)."""
+    since = args.since
+    async for event in client.iter_events(args.id, since):
+        print(event_line(event, args.json), flush=True)
+        since = int(event["seq"])
+    if args.follow:
+        async with client.subscribe(args.id, since=since) as feed:
+            async for item in feed:
+                print(event_line(item.event, args.json), flush=True)
+    return None
+
+
+def event_line(event: dict[str, Any], as_json: bool) -> str:
+    if as_json:
+        return json.dumps(event, separators=(",", ":"))
+    ids = ",".join((event.get("changeInfo") or {}).get("entityIds") or [])
+    return f"{event['seq']:>8}  {event.get('timestamp', '')}  {event.get('actor', '')}  {event['type']}  {ids}".rstrip()
+
+
+async def run(settings: Settings, args: argparse.Namespace) -> int:
+    token = cli_token(settings, args.namespace, admin=args.action == "clear")
+    async with Client(daemon_url(settings), token, reconnect=args.action == "tail") as client:
+        try:
+            result = await args.session_func(client, args)
+        except RpcError as exc:
+            print(f"memento-sessions session {args.action}: {exc.message} ({exc.code})", file=sys.stderr)
+            return 1
+    if result is not None:
+        print(result if isinstance(result, str) else json.dumps(result, indent=None if args.json else 2))
+    return 0
+
+
+def _session(args: argparse.Namespace, settings: Settings) -> int:
+    return anyio.run(run, settings, args)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `session` and its sub-commands to the command line."""
+    parser = sub.add_parser("session", help="list, show, tail, diff, fork, suspend, resume, complete or clear sessions",
+                            description="Look at and steer the sessions of the daemon running on the data dir.")
+    parser.add_argument("--namespace", default="default", help="namespace (ignored with MEMENTO_TOKEN: the token's)")
+    parser.add_argument("--data-dir", help="the daemon's data dir (MEMENTO_DATA_DIR, default ./.memento)")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+    parser.set_defaults(func=_session)
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = actions.add_parser("list", help="sessions, newest first")
+    p.add_argument("--status", choices=("active", "suspended", "completed", "archived"))
+    p.add_argument("--agent")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(session_func=list_)
+    p = actions.add_parser("show", help="a session's condensed view, now or --at SEQ")
+    p.add_argument("id")
+    p.add_argument("--at", type=int)
+    p.set_defaults(session_func=show)
+    p = actions.add_parser("tail", help="a session's events; -f follows live")
+    p.add_argument("id")
+    p.add_argument("--since", type=int, default=0)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.set_defaults(session_func=tail)
+    p = actions.add_parser("diff", help="what changed between two seqs")
+    p.add_argument("id")
+    p.add_argument("from_seq", type=int, metavar="FROM")
+    p.add_argument("to_seq", type=int, metavar="TO")
+    p.set_defaults(session_func=diff)
+    p = actions.add_parser("fork", help="a new session from the events up to --at SEQ")
+    p.add_argument("id")
+    p.add_argument("--at", type=int, required=True)
+    p.add_argument("--new-id", dest="new_id")
+    p.set_defaults(session_func=fork)
+    for name in ("suspend", "resume", "clear"):
+        p = actions.add_parser(name, help=f"{name} a session" + (" (admin scope)" if name == "clear" else ""))
+        p.add_argument("id")
+        p.set_defaults(session_func=one(f"session.{name}"))
+    p = actions.add_parser("complete", help="final checkpoint: the session is completed")
+    p.add_argument("id")
+    p.set_defaults(session_func=complete)
