@@ -1,8 +1,9 @@
 """Real backends for the whole test session: the embedded redis-server (with FalkorDB) and Postgres.
 
-Set MEMENTO_TEST_REDIS_URL / MEMENTO_TEST_POSTGRES_DSN to use servers of your own instead. When a
-Docker engine is reachable and testcontainers is installed, containers are started instead of the
-embedded servers (MEMENTO_TEST_DOCKER=0 turns that off).
+Set MEMENTO_TEST_REDIS_URL and/or MEMENTO_TEST_POSTGRES_DSN to use servers of your own instead (the other
+one is started). When neither is set, a Docker engine is reachable and testcontainers is installed,
+containers are started instead of the embedded servers (MEMENTO_TEST_DOCKER=0 turns that off).
+Helpers that tests import (SECRET, token, make_settings) live in tests/helpers.py.
 MEMENTO_TEST_TOPOLOGY=cluster runs the suite on a local 3-primary Redis Cluster (tests/cluster.py) with
 the embedded Redis as a standalone FalkorDB; the tests whose subject does not depend on the Redis
 topology (TOPOLOGY_INDEPENDENT) are skipped in that run.
@@ -19,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from memento_sessions.auth import issue_token
 from memento_sessions.backends import Backends, open_backends
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.redis import EmbeddedRedis
@@ -27,10 +27,15 @@ from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.logs import configure_logging
 from memento_sessions.server.daemon import Daemon, running
-from memento_sessions.settings import Settings, load_settings
+from memento_sessions.settings import Settings
 from tests.cluster import LocalCluster
+from tests.helpers import FALKORDB as _FALKORDB
+from tests.helpers import SECRET as SECRET  # re-exported: tests import these from conftest too
+from tests.helpers import SINGLE as _SINGLE
+from tests.helpers import make_settings as make_settings
+from tests.helpers import token as token
+from tests.helpers import use_containers
 
-SECRET = "test-secret-that-is-long-enough-0123456789"
 TOPOLOGY = os.environ.get("MEMENTO_TEST_TOPOLOGY", "single")
 # Modules whose subject is the same on any Redis topology (or needs none): run once, on single Redis.
 # test_pipe and test_pubsub drive one raw connection to one node (test_cluster drives them on a cluster).
@@ -39,8 +44,6 @@ TOPOLOGY_INDEPENDENT = frozenset({
     "test_pipe", "test_pubsub", "test_daemon_process", "test_restart", "test_chaos",
 })
 _CLUSTER: list[LocalCluster] = []  # the session's cluster, in the cluster run
-_FALKORDB: list[str] = []  # the standalone FalkorDB's URL, in the cluster run
-_SINGLE: list[str] = []  # the session's single Redis (with FalkorDB), in the single run
 configure_logging("console", "warning")
 
 
@@ -72,7 +75,7 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
     """Redis+FalkorDB and Postgres for every test of the session."""
     redis_url = os.environ.get("MEMENTO_TEST_REDIS_URL")
     postgres_dsn = os.environ.get("MEMENTO_TEST_POSTGRES_DSN")
-    if docker_reachable() and not (redis_url and postgres_dsn):
+    if use_containers(redis_url, postgres_dsn, docker_reachable()):
         yield from _containers()
         return
     base = tmp_path_factory.mktemp("backends")
@@ -120,13 +123,6 @@ def cluster(backend_urls: Endpoints, tmp_path_factory: pytest.TempPathFactory) -
         own.stop()
 
 
-def falkordb_url(urls: Endpoints) -> str | None:
-    """Where the graphs live: the standalone FalkorDB when the Redis URL is a cluster's."""
-    if not urls.redis_url.startswith("redis+cluster://"):
-        return None
-    return (_FALKORDB or _SINGLE)[0]  # in the single run, the session's Redis serves test_cluster's graphs
-
-
 def docker_reachable() -> bool:
     """A Docker engine answers on its socket and testcontainers is importable."""
     if os.environ.get("MEMENTO_TEST_DOCKER") == "0":
@@ -161,17 +157,6 @@ def namespace() -> str:
     return "t" + uuid.uuid4().hex[:12]
 
 
-def make_settings(urls: Endpoints, data_dir: Path, **overrides: object) -> Settings:
-    """Settings for an in-process daemon on the session's backends."""
-    values: dict[str, object] = {
-        "redis_url": urls.redis_url, "postgres_dsn": urls.postgres_dsn, "auth_secret": SECRET,
-        "port": 0, "data_dir": data_dir, "log_format": "console", "log_level": "warning",
-        "falkordb_url": falkordb_url(urls),
-    }
-    values.update(overrides)
-    return load_settings(**values)
-
-
 @pytest.fixture
 def settings(backend_urls: Endpoints, tmp_path: Path) -> Settings:
     return make_settings(backend_urls, tmp_path)
@@ -182,12 +167,6 @@ async def daemon(settings: Settings) -> AsyncIterator[Daemon]:
     """A daemon serving on a free port for the length of one test."""
     async with running(settings) as d:
         yield d
-
-
-def token(agent: str, namespace: str = "default", scope: str = "sessions:read sessions:write",
-          ttl: int = 3600) -> str:
-    """A valid token signed with the tests' secret."""
-    return issue_token(SECRET, agent, namespace, scope, ttl)
 
 
 @pytest.fixture

@@ -1,0 +1,47 @@
+"""What tests import besides fixtures: the tests' secret and tokens, settings on the session's servers.
+
+conftest.py holds the fixtures and starts the servers; it records here where the graphs live in the
+cluster run (FALKORDB, SINGLE), which make_settings reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from memento_sessions.auth import issue_token
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.settings import Settings, load_settings
+
+SECRET = "test-secret-that-is-long-enough-0123456789"
+FALKORDB: list[str] = []  # the standalone FalkorDB's URL, in the cluster run
+SINGLE: list[str] = []  # the session's single Redis (with FalkorDB), in the single run
+
+
+def token(agent: str, namespace: str = "default", scope: str = "sessions:read sessions:write",
+          ttl: int = 3600) -> str:
+    """A valid token signed with the tests' secret."""
+    return issue_token(SECRET, agent, namespace, scope, ttl)
+
+
+def falkordb_url(urls: Endpoints) -> str | None:
+    """Where the graphs live: the standalone FalkorDB when the Redis URL is a cluster's."""
+    if not urls.redis_url.startswith("redis+cluster://"):
+        return None
+    return (FALKORDB or SINGLE)[0]  # in the single run, the session's Redis serves test_cluster's graphs
+
+
+def make_settings(urls: Endpoints, data_dir: Path, **overrides: object) -> Settings:
+    """Settings for an in-process daemon on the session's backends."""
+    values: dict[str, object] = {
+        "redis_url": urls.redis_url, "postgres_dsn": urls.postgres_dsn, "auth_secret": SECRET,
+        "port": 0, "data_dir": data_dir, "log_format": "console", "log_level": "warning",
+        "falkordb_url": falkordb_url(urls),
+    }
+    values.update(overrides)
+    return load_settings(**values)
+
+
+def use_containers(redis_url: str | None, postgres_dsn: str | None, docker: bool) -> bool:
+    """Whether the session starts containers: only when Docker answers and no server of one's own was given
+    (MEMENTO_TEST_REDIS_URL alone is honoured: that Redis, and an embedded Postgres beside it)."""
+    return docker and not redis_url and not postgres_dsn
