@@ -90,3 +90,47 @@ async def test_bad_sends_are_refused_and_write_nothing(daemon: Daemon, namespace
         assert (await b.call("mailbox.read", {}))["messages"] == []
         assert (await a.error("mailbox.read", {"limit": 0}))["code"] == -32602
         assert (await a.error("mailbox.ack", {"messageIds": []}))["code"] == -32602
+
+
+async def test_the_coordination_tools_return_their_methods_results_in_their_declared_shape(
+        daemon: Daemon, namespace: str) -> None:
+    """Every coordination tool over /mcp: its reply equals the WebSocket method's, matches its outputSchema, and
+    every key the eight schemas declare is seen."""
+    from memento_sessions.mcp.tools_coordination import NAMES
+    from tests.test_mcp import check_shape, declared_keys, ok, over_http, steady
+
+    seen: set[str] = set()
+    async with over_http(daemon.port, token("m", namespace)) as mcp, rpc(daemon.port, token("w", namespace)) as ws:
+        schemas = {tool.name: tool.output_schema for tool in (await mcp.list_tools()).tools if tool.name in NAMES}
+        assert set(schemas) == NAMES
+
+        async def both(tool: str, args: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+            reply = ok(await mcp.call_tool(tool, args))
+            schema = schemas[tool]
+            assert schema is not None
+            check_shape(schema, reply, schema.get("$defs", {}), tool, seen)
+            if method is not None:
+                assert steady(reply) == steady(await ws.call(method, args)), tool
+            return reply
+
+        sid = (await ws.call("session.create", {}))["sessionId"]
+        await ws.call("session.join", {"sessionId": sid})
+        await both("who_is_here", {"sessionId": sid}, "presence.get")
+        await ws.call("lease.acquire", {"entityIds": ["held"], "ttl": 60})
+        assert not (await both("acquire_lease", {"entityIds": ["held"], "ttl": 60}))["granted"]
+        lease = await both("acquire_lease", {"entityIds": ["mine"], "ttl": 60, "mode": "shared"})
+        await both("renew_lease", {"leaseId": lease["leaseId"], "ttl": 120})
+        assert "nextCursor" in await both("list_leases", {"limit": 1}, "lease.list")
+        await both("list_leases", {"agentId": "m"}, "lease.list")
+        await both("release_lease", {"leaseId": lease["leaseId"]})
+        await ws.call("mailbox.send", {"to": "m", "body": {"n": 1}})
+        await ws.call("mailbox.send", {"to": "m", "body": {"n": 2}})
+        assert (await both("send_message", {"to": "w", "body": "hello", "subject": "s"}))["recipients"] == ["w"]
+        assert "nextSince" in await both("read_inbox", {"limit": 1})
+        inbox = await both("read_inbox", {})
+        assert await both("ack_messages", {"messageIds": [m["messageId"] for m in inbox["messages"]]}) == {"acked": 2}
+        error = await mcp.call_tool("acquire_lease", {"entityIds": [], "ttl": 60})
+        assert error.is_error and "invalid params (-32602)" in str(error.content)
+    declared = set().union(*(declared_keys(schema, schema.get("$defs", {}), tool) for tool, schema in schemas.items()
+                            if schema is not None))
+    assert declared - seen == set()

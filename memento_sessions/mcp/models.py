@@ -205,6 +205,8 @@ class Handoff(TypedDict):
     kgContext: list[Json]
     joiningAdvice: str
     source: Source
+    leases: list[Json]  # live leases on the handoff's entities (coordination)
+    openConflicts: list[Json]  # those held by agents outside the session
 
 
 @with_config(_OPEN)

@@ -182,3 +182,7 @@ class CoordinationTools:
 def registrations(tools: Tools) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
     """The coordination tools, each running its method through `tools.call`."""
     return CoordinationTools(tools.call).registrations()
+
+
+NAMES = frozenset({"who_is_here", "acquire_lease", "renew_lease", "release_lease", "list_leases", "send_message",
+                   "read_inbox", "ack_messages"})
