@@ -185,3 +185,17 @@ async def test_a_thousand_leases_and_64_agents_emitting_lose_and_double_no_alert
         for agent, sid in zip(agents, sessions, strict=True):
             types = [e["type"] for e in (await agent.call("session.get", {"sessionId": sid}))["events"]]
             assert types.count("conflict") == per_agent
+
+
+async def test_the_handoff_context_lists_leases_and_open_conflicts_of_the_sessions_entities(
+        daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("c", namespace)) as c:
+        sid = (await a.call("session.create", {"entityIds": ["x", "y"]}))["sessionId"]
+        mine = await a.call("lease.acquire", {"entityIds": ["x"], "ttl": 60})
+        theirs = await c.call("lease.acquire", {"entityIds": ["y"], "ttl": 60, "mode": "shared"})
+        await c.call("lease.acquire", {"entityIds": ["elsewhere"], "ttl": 60})
+        handoff = await a.call("bridge.handoff", {"sessionId": sid})
+        assert handoff["leases"] == [
+            {"entityId": "x", "heldBy": "a", "leaseId": mine["leaseId"], "mode": "exclusive"},
+            {"entityId": "y", "heldBy": "c", "leaseId": theirs["leaseId"], "mode": "shared"}]
+        assert handoff["openConflicts"] == [handoff["leases"][1]]  # c is not an agent of the session
