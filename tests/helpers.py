@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from memento_sessions.auth import issue_token
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.settings import Settings, load_settings
@@ -45,3 +47,8 @@ def use_containers(redis_url: str | None, postgres_dsn: str | None, docker: bool
     """Whether the session starts containers: only when Docker answers and no server of one's own was given
     (MEMENTO_TEST_REDIS_URL alone is honoured: that Redis, and an embedded Postgres beside it)."""
     return docker and not redis_url and not postgres_dsn
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    """A metric's current value from the Prometheus registry (0 before its first count)."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0

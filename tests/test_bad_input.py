@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from memento_sessions import keys
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio

@@ -20,7 +20,7 @@ from memento_sessions.metrics import EVENTS
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions import manager as manager_module
 from memento_sessions.sessions.models import KNOWN_TYPES
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio

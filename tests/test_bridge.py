@@ -42,7 +42,7 @@ from memento_sessions.kg.fixture import generate
 from memento_sessions.kg.loader import parse_lines
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import Settings
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio

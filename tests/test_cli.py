@@ -9,7 +9,7 @@ import pytest
 from memento_sessions.auth import verify_token
 from memento_sessions.cli import build_parser, main
 from memento_sessions.embedded.datadir import auth_secret
-from tests.conftest import SECRET
+from tests.helpers import SECRET
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ import pytest
 
 from memento_sessions.cli import main
 from memento_sessions.server.daemon import Daemon
-from tests.conftest import SECRET, token
+from tests.helpers import SECRET, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio

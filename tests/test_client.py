@@ -26,10 +26,9 @@ from memento_sessions.client import (
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import Conflict, Forbidden, InvalidParams, MethodNotFound, NotFound, RpcError
-from memento_sessions.metrics import WS_SLOW_CLOSES
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.settings import Settings
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, sample, token
 
 pytestmark = pytest.mark.anyio
 FAST = (0.01, 0.2)
@@ -335,7 +334,7 @@ async def test_a_subscriber_cut_every_200_events_ends_with_each_seq_once(daemon:
 
 async def test_a_subscriber_closed_as_slow_consumer_resumes_with_no_loss(backend_urls: Endpoints, tmp_path: Path,
                                                                          namespace: str) -> None:
-    closes = WS_SLOW_CLOSES._value.get()
+    closes = sample("memento_ws_slow_consumer_closes_total")
     settings = make_settings(backend_urls, tmp_path, ws_send_buffer=64 * 1024)
     blob = "x" * 15000
     async with running(settings) as daemon, client(daemon.port, "w", namespace) as writer, \
@@ -347,13 +346,13 @@ async def test_a_subscriber_closed_as_slow_consumer_resumes_with_no_loss(backend
             for _ in range(40):
                 await writer.emit_batch(sid, [{"type": "modified", "data": {"b": blob}}] * 20)
             with anyio.fail_after(10):
-                while WS_SLOW_CLOSES._value.get() == closes:
+                while sample("memento_ws_slow_consumer_closes_total") == closes:
                     await anyio.sleep(0.01)
             lazy.connection.transport.resume_reading()
             await writer.emit(sid, {"type": "test_pass"})
             assert await take(sub, 801) == list(range(1, 802))
         assert lazy.last_close_code == 4008 and lazy.reconnects == 1
-    assert WS_SLOW_CLOSES._value.get() == closes + 1
+    assert sample("memento_ws_slow_consumer_closes_total") == closes + 1
 
 
 async def test_a_consumer_slower_than_the_stream_gets_every_event_within_max_queue(daemon: Daemon,

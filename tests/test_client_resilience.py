@@ -11,7 +11,7 @@ import pytest
 from memento_sessions.client import Client, Subscription
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import running
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 
 pytestmark = pytest.mark.anyio
 

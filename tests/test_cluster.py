@@ -24,7 +24,7 @@ from memento_sessions.errors import ConfigError
 from memento_sessions.server.daemon import running
 from memento_sessions.settings import load_settings
 from tests.cluster import PASSWORD, LocalCluster
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio

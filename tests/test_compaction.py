@@ -20,7 +20,7 @@ from memento_sessions.sessions.history import History, compaction_limit
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
 from memento_sessions.settings import Settings
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio

@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from memento_sessions.dashboard import CSP, routes
 from memento_sessions.server.daemon import Daemon
 from tests.browser import Browser, require_browser, run
-from tests.conftest import token
+from tests.helpers import token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ from websockets.exceptions import InvalidStatus
 from memento_sessions.errors import ConfigError
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import load_settings
-from tests.conftest import SECRET, token
+from tests.helpers import SECRET, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -158,7 +158,7 @@ async def test_with_redis_down_at_start_the_daemon_serves_and_says_so(backend_ur
     from pathlib import Path
 
     from memento_sessions.server.daemon import running
-    from tests.conftest import make_settings
+    from tests.helpers import make_settings
 
     assert isinstance(tmp_path, Path)
     settings = make_settings(backend_urls, tmp_path, redis_url="redis://127.0.0.1:1/0")  # type: ignore[arg-type]

@@ -27,8 +27,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import Settings
-from tests.conftest import make_settings, token
 from tests.fuzzframes import Frame, Target, frames
+from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
 from tests.storedcheck import problems, stored_events
 

@@ -7,7 +7,7 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.server.daemon import Daemon
-from tests.conftest import token
+from tests.helpers import token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio

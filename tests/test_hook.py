@@ -18,7 +18,7 @@ from memento_sessions.client import Client
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import running
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 
 pytestmark = pytest.mark.anyio
 HOOK = [str(Path(sys.executable).with_name("memento-sessions")), "hook"]

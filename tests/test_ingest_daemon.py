@@ -15,10 +15,10 @@ import pytest
 from memento_sessions.client import Client
 from memento_sessions.client.conversation import LiveConversation, load_conversation
 from memento_sessions.server.daemon import Daemon
-from tests.conftest import token
+from tests.helpers import token
 from tests.rpcsocket import rpc
-from tests.test_mcp import failed, ok, over_http
 from tests.test_ingest_convert import FIXTURES, record, result, use
+from tests.test_mcp import failed, ok, over_http
 
 pytestmark = pytest.mark.anyio
 ROOT = "/repo"

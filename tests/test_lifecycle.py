@@ -13,7 +13,7 @@ from memento_sessions.server.daemon import Daemon
 from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
-from tests.conftest import token
+from tests.helpers import token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio

@@ -37,7 +37,7 @@ from memento_sessions.rpc import Registry
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.methods import GetParams, ListParams
 from memento_sessions.settings import Settings, load_settings
-from tests.conftest import SECRET, make_settings, token
+from tests.helpers import SECRET, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,7 @@ from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio

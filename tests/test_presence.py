@@ -10,7 +10,7 @@ import pytest
 
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 from tests.test_leases import two_daemons
 

@@ -12,7 +12,7 @@ from memento_sessions.server.daemon import Daemon
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
 from memento_sessions.settings import Settings
-from tests.conftest import token
+from tests.helpers import token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio

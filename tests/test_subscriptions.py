@@ -20,9 +20,8 @@ from websockets.exceptions import ConnectionClosed
 from memento_sessions import keys
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.metrics import WS_SLOW_CLOSES
 from memento_sessions.server.daemon import Daemon, running
-from tests.conftest import SECRET, make_settings, token
+from tests.helpers import SECRET, make_settings, sample, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
@@ -117,7 +116,7 @@ async def test_killing_the_pubsub_connection_loses_no_event(daemon: Daemon, name
 
 async def test_a_subscriber_that_never_reads_is_closed_with_4008(daemon: Daemon, namespace: str) -> None:
     """The daemon buffers at most MEMENTO_WS_SEND_BUFFER bytes for a client, then drops it."""
-    closes = WS_SLOW_CLOSES._value.get()
+    closes = sample("memento_ws_slow_consumer_closes_total")
     async with rpc(daemon.port, token("a", namespace)) as a:
         sid = (await a.call("session.create", {}))["sessionId"]
         async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={token('lazy', namespace)}",
@@ -143,7 +142,7 @@ async def test_a_subscriber_that_never_reads_is_closed_with_4008(daemon: Daemon,
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 4008
         # the publisher was never slowed: it is still served at once
         assert (await a.call("session.get", {"sessionId": sid, "limit": 1}))["session"]["seq"] == 800
-    assert WS_SLOW_CLOSES._value.get() == closes + 1
+    assert sample("memento_ws_slow_consumer_closes_total") == closes + 1
 
 
 @asynccontextmanager

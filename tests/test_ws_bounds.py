@@ -18,11 +18,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.metrics import WS_REFUSED
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.ws.connection import Connection
 from memento_sessions.ws.subscriptions import Subscriptions
-from tests.conftest import make_settings, token
+from tests.helpers import make_settings, sample, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -198,7 +197,7 @@ async def test_unsubscribe_stops_an_inflight_replay_at_once(backend_urls: Endpoi
 async def test_subscriptions_per_connection_are_capped_and_cleaned_once(backend_urls: Endpoints, tmp_path: Path,
                                                                         namespace: str) -> None:
     async with running(make_settings(backend_urls, tmp_path, ws_max_subscriptions=3)) as daemon:
-        refused = WS_REFUSED.labels("too_many_subscriptions")._value.get()
+        refused = sample("memento_ws_refused_total", {"reason": "too_many_subscriptions"})
         async with rpc(daemon.port, token("a", namespace)) as peer:
             sids = [(await peer.call("session.create", {}))["sessionId"] for _ in range(3)]
             assert (await peer.error("session.subscribe", {"sessionId": "missing"}))["code"] == -32004
@@ -219,20 +218,20 @@ async def test_subscriptions_per_connection_are_capped_and_cleaned_once(backend_
             (conn,) = gateway.connections
             assert len(conn._cleanups) == 1
             assert len(subscriptions_of(daemon).conns[conn.conn_id]) == 3
-        assert WS_REFUSED.labels("too_many_subscriptions")._value.get() == refused + 1
+        assert sample("memento_ws_refused_total", {"reason": "too_many_subscriptions"}) == refused + 1
         await wait_until(lambda: subscriptions_of(daemon).conns == {})
 
 
 async def test_connections_past_the_cap_get_503(backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
     async with running(make_settings(backend_urls, tmp_path, max_connections=2)) as daemon:
-        refused = WS_REFUSED.labels("max_connections")._value.get()
+        refused = sample("memento_ws_refused_total", {"reason": "max_connections"})
         async with rpc(daemon.port, token("a", namespace)), rpc(daemon.port, token("b", namespace)):
             with pytest.raises(InvalidStatus) as third:
                 async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={token('c', namespace)}"):
                     pass
             assert third.value.response.status_code == 503
             assert b"MEMENTO_MAX_CONNECTIONS" in third.value.response.body
-        assert WS_REFUSED.labels("max_connections")._value.get() == refused + 1
+        assert sample("memento_ws_refused_total", {"reason": "max_connections"}) == refused + 1
         gateway = daemon.gateway
         assert gateway is not None
         await wait_until(lambda: not gateway.connections)
@@ -243,7 +242,7 @@ async def test_connections_past_the_cap_get_503(backend_urls: Endpoints, tmp_pat
 async def test_a_handshake_slower_than_the_timeout_is_dropped(backend_urls: Endpoints, tmp_path: Path,
                                                               namespace: str) -> None:
     async with running(make_settings(backend_urls, tmp_path, handshake_timeout=0.5)) as daemon:
-        refused = WS_REFUSED.labels("handshake_timeout")._value.get()
+        refused = sample("memento_ws_refused_total", {"reason": "handshake_timeout"})
         reader, writer = await asyncio.open_connection("127.0.0.1", daemon.port)
         writer.write(b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         started = anyio.current_time()
@@ -251,7 +250,7 @@ async def test_a_handshake_slower_than_the_timeout_is_dropped(backend_urls: Endp
             assert await reader.read() == b""
         assert 0.4 < anyio.current_time() - started < 2.0
         writer.close()
-        assert WS_REFUSED.labels("handshake_timeout")._value.get() == refused + 1
+        assert sample("memento_ws_refused_total", {"reason": "handshake_timeout"}) == refused + 1
         async with rpc(daemon.port, token("a", namespace)) as peer:  # a prompt client is served past the deadline
             await anyio.sleep(0.8)
             assert (await peer.error("no.such"))["code"] == -32601

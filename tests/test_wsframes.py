@@ -11,7 +11,7 @@ from websockets.streams import StreamReader
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.ws.connection import Connection
 from memento_sessions.ws.frames import take_batch, text_frame
-from tests.conftest import token
+from tests.helpers import token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
