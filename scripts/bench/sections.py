@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench import bridge, checkpoint, emit, fanout, memory, replay
+from bench import bridge, checkpoint, emit, fanout, lifecycle, memory, replay
 from bench.harness import Env, Figure
 
 Section = Callable[[Env], Awaitable[Figure | list[Figure]]]
@@ -24,4 +24,6 @@ SECTIONS: dict[str, Section] = {
     "memory": memory.measure,
     "checkpoint": checkpoint.measure,
     "bridge": bridge.measure,
+    "time-travel": lifecycle.time_travel,
+    "lifecycle": lifecycle.moves,
 }
