@@ -17,10 +17,12 @@ import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+import redis.asyncio as aioredis
 
-from memento_sessions.backends import Backends, open_backends
+from memento_sessions.backends import Backends, open_backends, redis_client
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints
@@ -51,6 +53,27 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "topology_independent: run on single Redis only (skipped in the cluster run)")
     if TOPOLOGY not in ("single", "cluster"):
         raise pytest.UsageError(f"MEMENTO_TEST_TOPOLOGY must be single or cluster, not {TOPOLOGY!r}")
+
+
+def _cluster_aware_from_url() -> None:
+    """In the cluster run, the tests' own admin clients (`redis.asyncio.Redis.from_url(urls.redis_url)`)
+    get the daemon's kind of client for a redis+cluster:// URL: a real RedisCluster on the same nodes."""
+    plain = aioredis.Redis.from_url.__func__  # type: ignore[attr-defined]
+
+    def from_url(cls: type[aioredis.Redis], url: str, **kwargs: Any) -> aioredis.Redis:
+        if not url.startswith("redis+cluster://"):
+            return plain(cls, url, **kwargs)
+        client: Any = redis_client(url)
+        # CLIENT KILL reaches every node (the tests cut the daemon's connections, wherever they are).
+        client.command_flags["CLIENT KILL"] = client.ALL_NODES
+        client.result_callbacks["CLIENT KILL"] = lambda command, replies, **kw: sum(replies.values())
+        return cast(aioredis.Redis, client)
+
+    aioredis.Redis.from_url = classmethod(from_url)  # type: ignore[assignment,method-assign]
+
+
+if TOPOLOGY == "cluster":
+    _cluster_aware_from_url()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -88,6 +111,7 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
         cluster.start()
         _CLUSTER.append(cluster)
         _FALKORDB.append(falkordb.url)
+        os.environ["MEMENTO_FALKORDB_URL"] = falkordb.url  # for the daemon processes tests start with os.environ
         redis_url = cluster.url
     if not redis_url:
         redis = EmbeddedRedis(base / "redis")

@@ -55,7 +55,7 @@ class Fanout:
         self._catch_up = False
         self._stale: set[str] = set()  # sharded channels whose listeners catch up once resubscribed
         self._tg: TaskGroup | None = None
-        self.reconnects = 0
+        self._connections = 0  # of the daemon's own connection, the first included
         self.urls = [redis_url]
         self.shards: Shards | None = None
         if is_cluster(redis_url):
@@ -63,6 +63,11 @@ class Fanout:
             self.urls = [cluster.node_url(host, port) for host, port in cluster.nodes]
             self.shards = Shards(cluster, cluster_client(cluster), self._on_push, self.spawn, self.listeners,
                                  self._stale.add)
+
+    @property
+    def reconnects(self) -> int:
+        """Connections made so far: the daemon's own (the first included) and every shard's lost one."""
+        return self._connections + (self.shards.losses if self.shards is not None else 0)
 
     def _sharded(self, channel: str) -> bool:
         return self.shards is not None and sharded(channel)
@@ -88,11 +93,14 @@ class Fanout:
                 delay = min(delay * 2, 2.0)
 
     async def _session(self) -> None:
-        url = self.urls[self.reconnects % len(self.urls)]  # on a cluster, the next seed node after a failure
-        self.reconnects += 1
-        subscriber = await open_subscriber(url, self._on_push)
         try:
-            self._catch_up = self.reconnects > 1
+            subscriber = await open_subscriber(self.urls[0], self._on_push)
+        except (RedisError, OSError):
+            self.urls.append(self.urls.pop(0))  # on a cluster, the next seed node is tried next time
+            raise
+        self._connections += 1
+        try:
+            self._catch_up = self._connections > 1
             subscriber.command("SUBSCRIBE", self.control, *(ch for ch in self.listeners if not self._sharded(ch)))
             self._subscriber = subscriber
             reason = await subscriber.closed

@@ -91,6 +91,7 @@ class Shards:
         self.listeners, self.resubscribed = listeners, resubscribed
         self.conns: dict[str, Shard] = {}
         self.home: dict[str, Shard] = {}
+        self.losses = 0  # shard connections that ended without being closed
 
     async def add(self, channel: str) -> None:
         """Subscribe `channel` on its primary's connection (opened if it is the shard's first)."""
@@ -126,6 +127,7 @@ class Shards:
 
     def lost(self, shard: Shard) -> None:
         """`shard`'s connection ended: every channel it carried goes to its primary of now."""
+        self.losses += 1
         if self.conns.get(shard.name) is shard:
             del self.conns[shard.name]
         channels = [channel for channel in shard.channels if self.home.get(channel) is shard]
