@@ -115,8 +115,8 @@ def coord_base(ns: str) -> str:
 
 
 def lease_keys(ns: str) -> LeaseKeys:
-    """Leases (hash), holds per entity (hash), expiries (zset), fencing tokens (hash), leases per agent
-    (hash) and when each agent was last seen (zset)."""
+    """Leases (hash), holds per entity (hash), expiries (zset), fencing tokens (hash), `<agent>/<leaseId>`
+    (zset) and when each agent was last seen (zset)."""
     base = coord_base(ns)
     return LeaseKeys(f"{base}:leases", f"{base}:holds", f"{base}:expiry", f"{base}:fence", f"{base}:byagent",
                      f"{base}:alive")

@@ -7,7 +7,8 @@
 --
 -- Lease KEYS = {leases (hash leaseId -> lease JSON), holds (hash entityId -> JSON list of holds),
 --               expiry (zset leaseId -> expiresAt ms), fence (hash entityId -> newest exclusive token,
---               field COUNTER the namespace's token counter), byagent (hash agentId -> JSON list of leaseIds),
+--               field COUNTER the namespace's token counter), byagent (zset of `<agentId>/<leaseId>`, all
+--               scored 0: an agent's leases are one ZRANGEBYLEX; agent ids hold no '/'),
 --               alive (zset agentId -> last seen ms)}.
 
 local COUNTER = '\1tokens' -- entity ids hold no control characters, so no entity is this field
@@ -46,7 +47,7 @@ local function drop(keys, lease_id)
   for _, pair in ipairs(lease.covered) do
     store_list(keys[2], pair[1], without(decode_list(redis.call('HGET', keys[2], pair[1])), lease_id))
   end
-  store_list(keys[5], lease.agentId, without(decode_list(redis.call('HGET', keys[5], lease.agentId)), lease_id))
+  redis.call('ZREM', keys[5], lease.agentId .. '/' .. lease_id)
   redis.call('HDEL', keys[1], lease_id)
   return raw
 end
@@ -100,9 +101,7 @@ local function acquire(keys, args)
   redis.call('HSET', keys[1], lease_id, args[7] .. ',"covered":' .. cjson.encode(covered) .. ',"fencingToken":' ..
              token .. ',"expiresAt":' .. expires .. '}')
   redis.call('ZADD', keys[3], expires, lease_id)
-  local mine = decode_list(redis.call('HGET', keys[5], agent))
-  table.insert(mine, lease_id)
-  redis.call('HSET', keys[5], agent, cjson.encode(mine))
+  redis.call('ZADD', keys[5], 0, agent .. '/' .. lease_id)
   keep(keys)
   return cjson.encode({granted = true, conflicts = conflicts, fencingToken = token, expiresAt = expires})
 end
@@ -148,21 +147,17 @@ local function release(keys, args)
   return 1
 end
 
--- Ends expired leases and those of agents not seen for grace_ms. ARGV: now_ms, grace_ms.
--- Returns {expired, orphaned lease JSON...}.
+-- Ends expired leases and those of agents not seen for grace_ms (every acquire and renew marks its agent
+-- seen, so each holder is in `alive`). ARGV: now_ms, grace_ms. Returns {expired, orphaned lease JSON...}.
 local function reap(keys, args)
   local now, grace = tonumber(args[1]), tonumber(args[2])
   local out = {drop_expired(keys, now)}
-  local agents = redis.call('HKEYS', keys[5])
-  for _, agent in ipairs(agents) do
-    local seen = redis.call('ZSCORE', keys[6], agent)
-    if not seen or tonumber(seen) < now - grace then
-      for _, lease_id in ipairs(decode_list(redis.call('HGET', keys[5], agent))) do
-        local raw = drop(keys, lease_id)
-        if raw then table.insert(out, raw) end
-      end
-      redis.call('HDEL', keys[5], agent)
+  for _, agent in ipairs(redis.call('ZRANGEBYSCORE', keys[6], '-inf', '(' .. (now - grace))) do
+    for _, member in ipairs(redis.call('ZRANGEBYLEX', keys[5], '[' .. agent .. '/', '[' .. agent .. '/\255')) do
+      local raw = drop(keys, string.sub(member, #agent + 2))
+      if raw then table.insert(out, raw) end
     end
+    redis.call('ZREM', keys[6], agent)
   end
   return out
 end

@@ -16,7 +16,7 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
-from memento_sessions.coordination.coverage import covered
+from memento_sessions.coordination.coverage import Coverage
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import Conflict
 from memento_sessions.kg.graph import Graphs
@@ -64,13 +64,14 @@ class Leases:
 
     def __init__(self, store: CoordStore, graphs: Graphs | None, settings: Settings) -> None:
         self.store = store
-        self.graphs = graphs
+        self.coverage = Coverage(graphs)
         self.settings = settings
+        self._indexed: set[str] = set()  # namespaces this daemon has added to the reaper's set
 
     async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,
                       session_id: str | None = None, reason: str | None = None) -> Result:
         """Grant a lease on the entities and what they contain, or (exclusive, any conflict) nothing."""
-        pairs = await covered(self.graphs, who.namespace, entity_ids)
+        pairs = await self.coverage.covered(who.namespace, entity_ids)
         lease_id, now = f"lease-{uuid.uuid4().hex[:20]}", now_ms()
         tail = pydantic_core.to_json({"leaseId": lease_id, "agentId": who.agent_id, "mode": mode,
                                       "entityIds": list(entity_ids), "sessionId": session_id, "reason": reason,
@@ -82,7 +83,9 @@ class Leases:
         except Conflict:
             LEASE_ACQUIRES.labels("lease_limit").inc()
             raise
-        await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
+        if who.namespace not in self._indexed:  # once per namespace and process; the reaper keeps the set's TTL
+            await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
+            self._indexed.add(who.namespace)
         reply = pydantic_core.from_json(raw)
         conflicts = reply["conflicts"] if isinstance(reply["conflicts"], list) else []
         LEASE_ACQUIRES.labels("granted" if reply["granted"] else "refused").inc()
@@ -121,8 +124,8 @@ class Leases:
             raw = await self.store.command("HGET", lkeys.holds, entity_id)
             return [hold["id"] for hold in pydantic_core.from_json(raw)] if raw else []
         if agent_id is not None:
-            raw = await self.store.command("HGET", lkeys.byagent, agent_id)
-            return list(pydantic_core.from_json(raw)) if raw else []
+            members = await self.store.command("ZRANGEBYLEX", lkeys.byagent, f"[{agent_id}/", f"[{agent_id}/\xff")
+            return [str(member).partition("/")[2] for member in members]
         return [str(i) for i in await self.store.command("HKEYS", lkeys.leases)]
 
     async def conflicts(self, namespace: str, agent: str, entity_ids: Sequence[str]) -> list[Result]:
@@ -146,6 +149,7 @@ class Leases:
     async def reap_once(self) -> None:
         """End every namespace's expired leases and those of agents gone for MEMENTO_LEASE_ORPHAN_GRACE."""
         grace_ms = int(self.settings.lease_orphan_grace * 1000)
+        await self.store.command("EXPIRE", keys.coord_namespaces(), 7200)
         for namespace in await self.store.command("SMEMBERS", keys.coord_namespaces()):
             out = await self.store.call("mc_reap", keys.lease_keys(str(namespace)).all(), now_ms(), grace_ms)
             if int(out[0]):

@@ -1,0 +1,154 @@
+"""Coordination: lease acquire latency, mailbox send-to-live-delivery latency and throughput, and emit
+throughput with 1,000 live leases, each beside a floor of bare redis-py doing the same Redis work.
+
+- lease acquire: one `lease.acquire` (1 entity, exclusive) over WebSocket, sequential; the floor is redis-py's
+  FCALL mc_acquire with the same keys and arguments.
+- mailbox live: from one agent's `mailbox.send` to the recipient's `mailbox.message` frame, both connected
+  to the daemon; the floor is redis-py's FCALL mc_send + PUBLISH to a redis-py subscriber.
+- mailbox throughput: 16 senders at once to one connected recipient, counted where it arrives; the floor
+  is 16 redis-py tasks doing FCALL mc_send + PUBLISH.
+- emit with leases: one agent's sequential `event.emit` of PAYLOAD (two entities) over WebSocket while
+  1,000 leases on other entities are live, against the same without leases, rounds alternated.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import anyio
+from websockets.asyncio.client import connect
+
+from bench.harness import PAYLOAD, Env, Figure, Rpc, Target, concurrently, latency_extra, pct, rate, timed, ws
+from memento_sessions import keys
+
+SENDERS = 16
+
+
+async def lease_acquire(env: Env) -> Figure:
+    """p99 of lease.acquire over WebSocket beside the bare FCALL."""
+    count = 300 if env.quick else 2000
+    run = uuid.uuid4().hex[:8]
+    async with ws(env, f"leaser-{run}") as rpc:
+        await rpc.call("lease.acquire", {"entityIds": [f"warm:{run}"], "ttl": 60})
+        ours = await timed(count, lambda i: rpc.call("lease.acquire", {"entityIds": [f"acq:{run}:{i}"], "ttl": 60}))
+    lkeys = keys.lease_keys(env.namespace).all()
+
+    async def bare(i: int) -> Any:
+        now = time.time_ns() // 1_000_000
+        tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
+        return await env.redis.fcall("mc_acquire", 6, *lkeys, now, "floor", f"floor-{run}-{i}", "exclusive", 60_000,
+                                     10_000_000, tail, f"floor:{run}:{i}", "")
+
+    floor = await timed(count, bare)
+    return Figure("lease.acquire over WebSocket", "ms p99", pct(ours, 0.99), pct(floor, 0.99), Target.below_ms(2),
+                  higher_is_better=False, extra=latency_extra(ours, floor))
+
+
+async def mailbox_live(env: Env) -> list[Figure]:
+    """p99 send-to-delivery and messages/s through one daemon, each beside its bare-Redis floor."""
+    run = uuid.uuid4().hex[:8]
+    recipient = f"inbox-{run}"
+    url = f"ws://127.0.0.1:{env.port}/ws?token={env.token(recipient)}"
+    async with connect(url, max_size=2**24, max_queue=None, compression=None) as conn:
+        await conn.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "mailbox.read", "params": {"limit": 1}}))
+        await conn.recv()  # its first request: the connection now gets the agent's pushes
+        latency = await _live_latency(env, conn, recipient, 200 if env.quick else 1000)
+        throughput = await _throughput(env, conn, recipient, 100 if env.quick else 500)
+    return [latency, throughput]
+
+
+async def _live_latency(env: Env, conn: Any, recipient: str, count: int) -> Figure:
+    async with ws(env, f"sender-{recipient}") as rpc:
+        async def one(i: int) -> None:
+            await rpc.ws.send(json.dumps({"jsonrpc": "2.0", "id": 10**6 + i, "method": "mailbox.send",
+                                          "params": {"to": recipient, "body": {"i": i}}}))
+            while b'"mailbox.message"' not in (frame := await conn.recv(decode=False)):
+                del frame
+            await rpc.ws.recv()  # the sender's reply, sent before or after the push
+
+        ours = await timed(count, one)
+    floor = await _bare_latency(env, count)
+    return Figure("mailbox.send to live mailbox.message", "ms p99", pct(ours, 0.99), pct(floor, 0.99),
+                  Target.below_ms(5), higher_is_better=False, extra=latency_extra(ours, floor))
+
+
+async def _bare_latency(env: Env, count: int) -> list[float]:
+    """FCALL mc_send + PUBLISH, received by a redis-py subscriber."""
+    agent, channel = f"bare-{uuid.uuid4().hex[:8]}", f"bench:bare:{uuid.uuid4().hex}"
+    mkeys = keys.mailbox_keys(env.namespace, agent)
+    async with env.redis.pubsub() as sub:
+        await sub.subscribe(channel)
+        await sub.get_message(timeout=1.0)
+
+        async def one(i: int) -> None:
+            await env.redis.fcall("mc_send", 3, *mkeys, f"m{i}", '"body":1}', 1000, 600)
+            await env.redis.publish(channel, '{"jsonrpc":"2.0","method":"mailbox.message","params":{}}')
+            while (await sub.get_message(timeout=1.0)) is None:
+                pass
+
+        return await timed(count, one)
+
+
+async def _throughput(env: Env, conn: Any, recipient: str, per_sender: int) -> Figure:
+    total, got = SENDERS * per_sender, 0
+    senders = [await _open(env, f"s{n}-{recipient}") for n in range(SENDERS)]
+
+    async def sender(n: int) -> None:
+        for i in range(per_sender):
+            await senders[n].call("mailbox.send", {"to": recipient, "body": {"n": n, "i": i}})
+
+    async def count() -> None:
+        nonlocal got
+        while got < total:
+            if b'"mailbox.message"' in await conn.recv(decode=False):
+                got += 1
+
+    start = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(count)
+        await concurrently(SENDERS, sender)
+    ours = total / (time.perf_counter() - start)
+    for rpc in senders:
+        await rpc.ws.close()
+    mkeys = keys.mailbox_keys(env.namespace, f"bare-{uuid.uuid4().hex[:8]}")
+
+    async def bare(n: int) -> None:
+        for i in range(per_sender):
+            await env.redis.fcall("mc_send", 3, *mkeys, f"m{n}-{i}", '"body":1}', 1_000_000, 600)
+            await env.redis.publish(f"bench:bare:{n}", "{}")
+
+    floor = await concurrently(SENDERS, bare) * per_sender
+    return Figure("mailbox.send to live delivery, 16 senders", "messages/s", ours, floor,
+                  Target.at_least(5000, "messages/s"))
+
+
+async def _open(env: Env, agent: str) -> Rpc:
+    conn = await connect(f"ws://127.0.0.1:{env.port}/ws?token={env.token(agent)}", max_size=2**24,
+                         max_queue=None, compression=None)
+    return Rpc(conn)
+
+
+async def emit_with_leases(env: Env) -> Figure:
+    """Sequential event.emit of PAYLOAD with 1,000 live leases (on other entities) against none, alternated."""
+    count, rounds = (300, 1) if env.quick else (2000, 3)
+    run = uuid.uuid4().hex[:8]
+    without, with_leases = [], []
+    async with ws(env, f"emitter-{run}") as rpc, ws(env, f"holder-{run}") as holder:
+        sid = (await rpc.call("session.create", {}))["sessionId"]
+        params = {"sessionId": sid, "event": PAYLOAD}
+        await rate(100, lambda _: rpc.call("event.emit", params))  # warm
+        for _ in range(rounds):
+            without.append(await rate(count, lambda _: rpc.call("event.emit", params)))
+            leases = [(await holder.call("lease.acquire", {"entityIds": [f"held:{run}:{n}"], "ttl": 600}))["leaseId"]
+                      for n in range(1000)]
+            with_leases.append(await rate(count, lambda _: rpc.call("event.emit", params)))
+            for lease in leases:
+                await holder.call("lease.release", {"leaseId": lease})
+    ours, floor = sum(with_leases) / len(with_leases), sum(without) / len(without)
+    return Figure("event.emit with 1,000 live leases", "events/s", ours, floor,
+                  Target.ratio_at_least(0.8, "the same emits without leases"),
+                  extra={f"round{i + 1}_without": v for i, v in enumerate(without)}
+                  | {f"round{i + 1}_with": v for i, v in enumerate(with_leases)})
