@@ -85,6 +85,8 @@ async def test_two_daemons_suspend_and_resume_once(settings: Settings, backends:
     for manager in managers:
         await manager.start()
     services = [LifecycleService(manager, backends) for manager in managers]
+    # Opened before the race: two first calls of Postgres.pool() at once each open a pool (one leaks).
+    await backends.postgres.pool()
     from memento_sessions.auth import Identity
     alice = Identity("alice", namespace, frozenset({"sessions:read", "sessions:write"}))
     sid = (await managers[0].create(alice, entity_ids=["fn:a"]))["sessionId"]
@@ -192,3 +194,11 @@ async def test_the_lifecycle_tools_over_mcp(daemon: Daemon, namespace: str) -> N
         assert ok(await mcp.call_tool("resume_session", {"sessionId": sid}))["seq"] == 2
         text = failed(await mcp.call_tool("resume_session", {"sessionId": sid}))
         assert "the session is active, not suspended (-32009); reason: active" in text
+
+
+async def test_list_by_status_refuses_a_bad_cursor_or_status(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        for params in ({"cursor": "nope"}, {"status": "suspended", "cursor": "nope"}, {"status": "sleeping"}):
+            error = await peer.error("session.list", params)
+            assert error["code"] == -32602 and error["data"][0]["field"] in ("cursor", "status"), params
+        assert (await peer.call("session.list", {"status": "completed"}))["sessions"] == []

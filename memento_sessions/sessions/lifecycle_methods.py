@@ -7,6 +7,7 @@ over the same handlers: `session.get {atSeq}`, `session.list {status}` and `sess
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -28,6 +29,7 @@ from memento_sessions.sessions.suspended import SuspendedStore
 
 log = get_logger(__name__)
 Status = Literal["active", "suspended", "completed", "archived"]
+LIVE_CURSOR = re.compile(r"[0-9]{1,16}:[A-Za-z0-9._:-]{1,128}")  # session.list's own cursor (methods.ListCursor)
 IDLE_EVERY = 15.0  # seconds between idle-suspend passes
 ARCHIVE_EVERY = 600.0  # seconds between archive passes
 
@@ -101,6 +103,8 @@ class LifecycleService:
         """session.list with `status`: live ones from Redis, suspended/archived ones from Postgres."""
         if p.status in ("suspended", "archived"):
             return await self._stored(namespace, p)
+        if p.cursor is not None and not LIVE_CURSOR.fullmatch(p.cursor):
+            raise InvalidParams("invalid params", [{"field": "cursor", "message": "not a cursor of this listing"}])
         state = "completed" if p.status == "completed" else p.state
         result = await self.manager.list_sessions(namespace, state=state, agent_id=p.agentId, limit=p.limit,
                                                   cursor=p.cursor)
@@ -111,7 +115,7 @@ class LifecycleService:
     async def _stored(self, namespace: str, p: ListStatusParams) -> Result:
         try:
             before = datetime.fromtimestamp(int(p.cursor) / 1000, UTC) if p.cursor else datetime.now(UTC)
-        except ValueError:
+        except (ValueError, OverflowError, OSError):
             raise InvalidParams("invalid params", [{"field": "cursor", "message": "not a cursor of this "
                                                     "listing"}]) from None
         rows = await self.suspended.page(namespace, p.status, before, p.limit + 1)
