@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench import bridge, checkpoint, emit, fanout, lifecycle, memory, replay
+from bench import bridge, checkpoint, coordination, emit, fanout, lifecycle, memory, replay
 from bench.harness import Env, Figure
 
 Section = Callable[[Env], Awaitable[Figure | list[Figure]]]
@@ -26,4 +26,7 @@ SECTIONS: dict[str, Section] = {
     "bridge": bridge.measure,
     "time-travel": lifecycle.time_travel,
     "lifecycle": lifecycle.moves,
+    "lease-acquire": coordination.lease_acquire,
+    "mailbox": coordination.mailbox_live,
+    "emit-leases": coordination.emit_with_leases,
 }
