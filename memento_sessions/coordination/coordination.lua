@@ -164,13 +164,16 @@ end
 
 -- Mailbox KEYS = {order (zset messageId -> per-agent seq), messages (hash messageId -> message JSON,
 -- field '#' the agent's seq counter), acked (set of messageIds)}.
--- ARGV: message_id, message_json_tail (the JSON after its opening `{"seq":N,`), max, ttl_s.
--- Returns {seq, duplicate (0/1), dropped}.
+-- ARGV: message_id, message_json_tail (the JSON after its opening `{"seq":N,`), max, ttl_s, channel, method.
+-- A new message is also PUBLISHed on the agent's channel as a `method` notification (store and push in one
+-- call). Returns {seq, duplicate (0/1), dropped}.
 local function send(keys, args)
   local prior = redis.call('ZSCORE', keys[1], args[1])
   if prior then return {tonumber(prior), 1, 0} end
   local seq = redis.call('HINCRBY', keys[2], '#', 1)
-  redis.call('HSET', keys[2], args[1], '{"seq":' .. seq .. ',' .. args[2])
+  local message = '{"seq":' .. seq .. ',' .. args[2]
+  redis.call('HSET', keys[2], args[1], message)
+  redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. message .. '}')
   redis.call('ZADD', keys[1], seq, args[1])
   local dropped = 0
   while redis.call('ZCARD', keys[1]) > tonumber(args[3]) do

@@ -104,21 +104,18 @@ class Mailbox:
 
     async def deliver(self, namespace: str, agent: str, message: Result, ttl: int,
                       method: str = "mailbox.message") -> bool:
-        """Store one message for one agent and push it as `method`; False when that id was stored already."""
+        """Store one message for one agent and push it as `method` (one Function call does both: no message is
+        pushed that is not stored); False when that id was stored already."""
         now = now_ms()
         full = {**message, "sentAt": iso(now), "expiresAt": iso(now + ttl * 1000)}
         tail = pydantic_core.to_json(full).decode()[1:]
-        seq, duplicate, dropped = await self.store.call(
-            "mc_send", keys.mailbox_keys(namespace, agent), message["messageId"], tail, self.settings.mailbox_max, ttl)
+        _, duplicate, dropped = await self.store.call(
+            "mc_send", keys.mailbox_keys(namespace, agent), message["messageId"], tail, self.settings.mailbox_max, ttl,
+            keys.agent_channel(namespace, agent), method)
         MAILBOX_MESSAGES.labels("duplicate" if duplicate else "stored").inc()
         if dropped:
             MAILBOX_DROPPED.inc(int(dropped))
-        if duplicate:
-            return False
-        params = {"seq": int(seq), **full}
-        frame = pydantic_core.to_json({"jsonrpc": "2.0", "method": method, "params": params}).decode()
-        await self.store.command("PUBLISH", keys.agent_channel(namespace, agent), frame)
-        return True
+        return not duplicate
 
     async def read(self, who: Identity, since: int = 0, limit: int = 100, unread_only: bool = False) -> Result:
         """A page of the caller's messages with seq > since, oldest first; nextSince when more exist."""
