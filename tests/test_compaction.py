@@ -127,6 +127,15 @@ async def test_get_below_the_compacted_seq_returns_the_snapshot_and_the_rest(
         assert page["snapshot"]["seq"] == 15 and page["snapshot"]["counts"] == {"modified": 15}
         assert page["session"]["compactedSeq"] == 15
         assert "snapshot" not in await peer.call("session.get", {"sessionId": sid, "since": 15})
+        # A subscriber resuming below the compacted seq is told so, gets the snapshot, then what is stored.
+        sub = await peer.call("session.subscribe", {"sessionId": sid, "since": 3})
+        assert sub["recovered"] is False and sub["seq"] == 20 and sub["snapshot"]["seq"] == 15
+        assert sub["snapshot"]["counts"] == {"modified": 15}
+        replayed = [(await peer.notification("session.event"))["params"]["seq"] for _ in range(5)]
+        assert replayed == [16, 17, 18, 19, 20]
+        await peer.call("session.unsubscribe", {"sessionId": sid})
+        whole = await peer.call("session.subscribe", {"sessionId": sid, "since": 16})
+        assert whole["recovered"] is True and "snapshot" not in whole
         past = await peer.error("session.compact", {"sessionId": sid, "beforeSeq": 21})
         assert past["code"] == -32602 and past["data"] == [{"field": "beforeSeq",
                                                             "message": "21 is beyond the session's seq 20"}]

@@ -25,6 +25,7 @@ from memento_sessions.sessions.frames import event_frame, frame_head, frame_seq,
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import Seq
+from memento_sessions.sessions.snapshot_store import snapshot_at
 
 log = get_logger(__name__)
 REPLAY_CHUNK = 500
@@ -232,20 +233,38 @@ class Subscriptions:
         try:
             await self.fanout.attach(sub.channel, sub)
             session, _ = await self.manager.read(sub.namespace, sub.session_id, 0, 1)
+            snapshot = await self._snapshot_below(sub, session, p)
         except BaseException:
             if entries.get(key) is sub:
                 self._remove(entries, key)
             raise
-        return await self._start(sub, session, p)
+        return await self._start(sub, session, p, snapshot)
 
-    async def _start(self, sub: Subscription, session: dict[str, Any], p: SubscribeParams) -> Result:
+    async def _snapshot_below(self, sub: Subscription, session: dict[str, Any],
+                              p: SubscribeParams) -> dict[str, Any] | None:
+        """The compaction snapshot standing for the events a `since` below the compacted seq asks for."""
+        compacted = int(session.get("compactedSeq", 0))
+        if p.since is None or p.since >= compacted:
+            return None
+        snap = await snapshot_at(self.manager.store, keys.session_keys(sub.namespace, sub.session_id), compacted)
+        return snap.wire() if snap is not None else {"seq": compacted}
+
+    async def _start(self, sub: Subscription, session: dict[str, Any], p: SubscribeParams,
+                     snapshot: dict[str, Any] | None = None) -> Result:
         seq, epoch = session["seq"], session["epoch"]
         sub.epoch = epoch
         recovered = p.since is not None and p.since <= seq and (p.epoch is None or p.epoch == epoch)
         sub.last_seq = p.since if recovered and p.since is not None else seq
+        if snapshot is not None and recovered:
+            # The events up to the compacted seq are gone: answer with the snapshot that stands for them and
+            # replay what is stored after it, never a history with a silent hole.
+            recovered, sub.last_seq = False, int(snapshot["seq"])
         # No await between here and the reply: the reply is queued before the first replayed event.
         sub.fanout.spawn(sub.catch_up)
-        return {"seq": seq, "epoch": epoch, "recovered": recovered}
+        reply: Result = {"seq": seq, "epoch": epoch, "recovered": recovered}
+        if snapshot is not None and not recovered and sub.last_seq == snapshot["seq"]:
+            reply["snapshot"] = snapshot
+        return reply
 
     async def unsubscribe(self, call: Call, p: SessionParams) -> Result:
         """Stop the subscription at once, its replay included."""
