@@ -31,15 +31,19 @@ class Alerts:
 
     async def after_emit(self, who: Identity, session_id: str, seq: int, event: EventIn) -> list[Result]:
         """The conflicts of one stored event (none when it names no entity), each alerted once."""
+        conflicts = await self.check(who, event)
+        if conflicts:
+            await self.alert(who, session_id, seq, event, conflicts)
+        return conflicts
+
+    async def check(self, who: Identity, event: EventIn) -> list[Result]:
+        """Other agents' live leases on the event's entities (no Redis call when it names none)."""
         entity_ids = event.changeInfo.entityIds if event.changeInfo else []
         if not entity_ids or event.type == "conflict":
             return []
-        conflicts = await self.leases.conflicts(who.namespace, who.agent_id, entity_ids)
-        if conflicts:
-            await self._alert(who, session_id, seq, event, conflicts)
-        return conflicts
+        return await self.leases.conflicts(who.namespace, who.agent_id, entity_ids)
 
-    async def _alert(self, who: Identity, session_id: str, seq: int, event: EventIn,
+    async def alert(self, who: Identity, session_id: str, seq: int, event: EventIn,
                      conflicts: Sequence[Result]) -> None:
         for conflict in conflicts:
             body = {**conflict, "sessionId": session_id, "seq": seq, "eventType": event.type, "by": who.agent_id}

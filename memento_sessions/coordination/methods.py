@@ -8,19 +8,23 @@ bridge.handoff adds the session's current leases and open conflicts.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import pydantic_core
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints, field_validator
 
+from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.errors import Conflict
+from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
 from memento_sessions.rpc import Call, Method, Registry, Result
 from memento_sessions.sessions.models import ClientId, EntityId, EventIn, Seq
 from memento_sessions.sessions.storable import check_text, value_problem
 
+log = get_logger(__name__)
 RoleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
 Recipient = Annotated[str, StringConstraints(pattern=r"^(role:[A-Za-z0-9._-]{1,64}|session:[A-Za-z0-9._:-]{1,128}|"
                                              r"[A-Za-z0-9._:-]{1,128})$")]
@@ -197,14 +201,32 @@ async def write_fenced(coord: Coordination, call: Call, session_id: str, events:
 
 def emit_hook(coord: Coordination, inner: Handler) -> Handler:
     async def handler(call: Call, params: Any) -> Result:
-        result = await write_fenced(coord, call, params.sessionId, [params.event],
-                                    lambda: inner(call, params))
-        if not result.get("duplicate"):
-            conflicts = await coord.alerts.after_emit(call.identity, params.sessionId, result["seq"], params.event)
-            if conflicts:
-                result["conflicts"] = conflicts
+        # The holds are read while the emit is in flight (the two round trips overlap on the pipelined
+        # connection), so an emit that touches no lease costs about nothing more; dropped if the emit fails.
+        check = asyncio.ensure_future(coord.alerts.check(call.identity, params.event))
+        try:
+            result = await write_fenced(coord, call, params.sessionId, [params.event], lambda: inner(call, params))
+        except BaseException:
+            check.cancel()
+            if check.done() and not check.cancelled():
+                check.exception()  # retrieved: the emit's own error is what the caller gets
+            raise
+        conflicts = await stored_conflicts(check)
+        if conflicts and not result.get("duplicate"):
+            await coord.alerts.alert(call.identity, params.sessionId, result["seq"], params.event, conflicts)
+            result["conflicts"] = conflicts
         return result
     return handler
+
+
+async def stored_conflicts(check: asyncio.Future[list[Result]]) -> list[Result]:
+    """The conflicts read beside a stored emit; a Redis failure there must not turn the stored emit into an
+    error (its retry would be a duplicate, alerted by nobody), so it is logged and the alert skipped."""
+    try:
+        return await check
+    except UNAVAILABLE as exc:
+        log.warning("conflict check failed after a stored emit; no alert", error=repr(exc))
+        return []
 
 
 def batch_hook(coord: Coordination, inner: Handler) -> Handler:
