@@ -9,13 +9,13 @@ import anyio
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from falkordb.asyncio import FalkorDB
 
 from memento_sessions import keys
+from memento_sessions.backends import falkordb_client
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.helpers import make_settings, token
+from tests.helpers import falkordb_url, make_settings, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -23,7 +23,7 @@ GRAPH_PREFIX = "memento"
 
 
 async def anchors_on(urls: Endpoints, namespace: str, entity: str) -> list[dict[str, Any]]:
-    db = FalkorDB.from_url(urls.redis_url)
+    db = falkordb_client(falkordb_url(urls) or urls.redis_url)
     graph = db.select_graph(f"{GRAPH_PREFIX}_{namespace}")
     result = await graph.query("MATCH (a:SessionAnchor)-[:ANCHORS]->(:CodebaseEntity {id: $id}) "
                                "RETURN a.checkpointId, a.outcome, a.brokeDuring, a.perfDelta, a.externalRef "
@@ -170,7 +170,7 @@ async def test_kg_upsert_needs_kg_write_and_names_bad_fields(daemon: Daemon, nam
         bad = await writer.error("kg.upsert", {"nodes": [{"id": "x", "labels": ["NotALabel"]}]})
         assert bad["code"] == -32602 and bad["data"][0]["field"].startswith("nodes.0.labels")
         assert await writer.call("kg.upsert", {"nodes": nodes, "edges": edges}) == {"nodes": 2, "edges": 1}
-    db = FalkorDB.from_url(backend_urls.redis_url)
+    db = falkordb_client(falkordb_url(backend_urls) or backend_urls.redis_url)
     graph = db.select_graph(f"{GRAPH_PREFIX}_{namespace}")
     rows = (await graph.query("MATCH (e {id: 'fn:read'})-[:MEMBER_OF_CLUSTER]->(c) RETURN c.name")).result_set
     await db.connection.aclose()

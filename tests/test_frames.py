@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import anyio
 import pytest
@@ -10,6 +11,7 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
+from memento_sessions.backends import is_cluster_client
 from memento_sessions.sessions.frames import event_frame, frame_epoch, frame_head, frame_seq, member_seq
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
@@ -24,8 +26,13 @@ async def published(settings: Settings, namespace: str, session_id: str, count: 
     """Create `session_id` with a start event (ms_create) and emit two more (ms_emit, one of them a batch of
     two), reading the frames raw off the session's channel; returns them and the session's epoch."""
     redis = aioredis.Redis.from_url(settings.redis_url or "", decode_responses=True)
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(keys.session_channel(namespace, session_id))
+    pubsub: Any = redis.pubsub()
+    # On a cluster the Functions SPUBLISH a session's frames: a plain SUBSCRIBE would hear nothing.
+    sharded = is_cluster_client(redis)
+    await redis.ping()  # a RedisCluster reads the slots on its first command; ssubscribe routes by them
+    channel = keys.session_channel(namespace, session_id)
+    await (pubsub.ssubscribe(channel) if sharded else pubsub.subscribe(channel))
+    receive = pubsub.get_sharded_message if sharded else pubsub.get_message
     manager = SessionManager(redis, settings)
     await manager.start()
     who = Identity("agent-f", namespace, frozenset({"sessions:write"}))
@@ -35,7 +42,7 @@ async def published(settings: Settings, namespace: str, session_id: str, count: 
     frames: list[str] = []
     with anyio.fail_after(5):
         while len(frames) < count:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            message = await receive(ignore_subscribe_messages=True, timeout=1)
             if message is not None:
                 frames.append(message["data"])
     await pubsub.aclose()

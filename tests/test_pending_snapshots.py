@@ -11,17 +11,16 @@ import anyio
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
-from falkordb.asyncio import FalkorDB
 from prometheus_client import REGISTRY
 
 from memento_sessions import keys
-from memento_sessions.backends import Postgres
-from memento_sessions.checkpoints.snapshots import Snapshots
+from memento_sessions.backends import Postgres, falkordb_client
+from memento_sessions.checkpoints.snapshots import Snapshot, Snapshots
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.helpers import make_settings, token
+from tests.helpers import falkordb_url, make_settings, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -40,8 +39,18 @@ async def rows_of(dsn: str, namespace: str, session_id: str) -> list[dict[str, A
              "seqs": [event["seq"] for event in json.loads(row["events"])]} for row in rows]
 
 
-async def anchor_refs(redis_url: str, namespace: str, entity: str) -> list[tuple[str, str]]:
-    db = FalkorDB.from_url(redis_url)
+async def latest_snapshot(dsn: str, namespace: str, session_id: str) -> Snapshot | None:
+    """The session's latest snapshot as the daemon reads it, on a pool closed afterwards."""
+    postgres = Postgres(dsn)
+    try:
+        return await Snapshots(postgres).latest_snapshot(namespace, session_id)
+    finally:
+        await postgres.close()
+
+
+async def anchor_refs(urls: Endpoints, namespace: str, entity: str) -> list[tuple[str, str]]:
+    """The checkpoint ids and external refs of the anchors on `entity`, read from wherever the graphs live."""
+    db = falkordb_client(falkordb_url(urls) or urls.redis_url)
     result = await db.select_graph(f"memento_{namespace}").query(
         "MATCH (a:SessionAnchor)-[:ANCHORS]->(:CodebaseEntity {id: $id}) RETURN a.checkpointId, a.externalRef "
         "ORDER BY a.timestamp", {"id": entity})
@@ -65,7 +74,7 @@ async def test_two_namespaces_with_a_broken_build_1_each_get_their_own_snapshot(
         assert [(r["checkpointId"], r["epoch"], r["range"], r["seqs"]) for r in rows] == \
             [(result["checkpointId"], epoch, (0, 2), [1, 2])]
     assert results[namespace][1]["snapshotId"] != results[other][1]["snapshotId"]
-    latest = await Snapshots(Postgres(dsn)).latest_snapshot(other, "build-1")
+    latest = await latest_snapshot(dsn, other, "build-1")
     assert latest is not None and latest.events[1]["data"] == {"ns": other}
 
 
@@ -91,7 +100,7 @@ async def test_automatic_broken_checkpoints_store_each_event_once(backend_urls: 
     rows = await rows_of(dsn, namespace, sid)
     assert [r["range"] for r in rows] == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 23)]
     assert [seq for r in rows for seq in r["seqs"]] == list(range(1, 24))  # every event once, in order
-    latest = await Snapshots(Postgres(dsn)).latest_snapshot(namespace, sid)
+    latest = await latest_snapshot(dsn, namespace, sid)
     assert latest is not None and [e["seq"] for e in latest.events] == list(range(1, 24))
     assert latest.checkpoint_id == final["checkpointId"]
 
@@ -110,11 +119,11 @@ async def test_a_recreated_session_never_reuses_an_old_anchor_or_snapshot(daemon
     assert made[0]["epoch"] != made[1]["epoch"]
     assert done[0]["checkpointId"] != done[1]["checkpointId"]
     assert done[0]["snapshotId"] != done[1]["snapshotId"]
-    assert [ref[0] for ref in await anchor_refs(backend_urls.redis_url, namespace, "fn:x")] == \
+    assert [ref[0] for ref in await anchor_refs(backend_urls, namespace, "fn:x")] == \
         [done[0]["checkpointId"], done[1]["checkpointId"]]
     rows = await rows_of(backend_urls.postgres_dsn or "", namespace, "build-1")
     assert sorted((r["epoch"], r["seqs"]) for r in rows) == sorted((m["epoch"], [1, 2]) for m in made)
-    latest = await Snapshots(Postgres(backend_urls.postgres_dsn)).latest_snapshot(namespace, "build-1")
+    latest = await latest_snapshot(backend_urls.postgres_dsn or "", namespace, "build-1")
     assert latest is not None and latest.epoch == made[1]["epoch"] and latest.events[1]["data"] == {"life": 1}
 
 
@@ -145,7 +154,7 @@ async def test_a_snapshot_postgres_cannot_take_waits_in_redis_and_a_new_daemon_s
         assert 0 < await r.ttl(pending_key) <= settings.snapshot_max_age_days * 86_400
         assert json.dumps([namespace, "build-1"]) in await r.zrange(keys.pending_snapshot_index(), 0, -1)
         ref = f"session_snapshots/checkpoint_id={result['checkpointId']}"
-        assert await anchor_refs(backend_urls.redis_url, namespace, "fn:pg") == [(result["checkpointId"], ref)]
+        assert await anchor_refs(backend_urls, namespace, "fn:pg") == [(result["checkpointId"], ref)]
         await anyio.to_thread.run_sync(postgres.start)
         async with running(settings):
             with anyio.fail_after(20):

@@ -5,6 +5,8 @@ Pure code with no I/O and only the standard library, so the hook command starts 
 - `convert_lines(lines, fmt="auto", project_root=None) -> Conversion(events, stats)`: a whole JSON Lines
   input (a Claude Code transcript, stream-json output, an OpenCode event log); `fmt` is one of
   `FORMATS` (claude-code, stream-json, opencode, hook) or "auto".
+- `LineReader(fmt="auto", project_root=None, parse=...)`: the same one line at a time, `.feed(line) -> events`,
+  `.finish() -> Stats` (for a caller that sends events while it reads).
 - `converter(fmt, project_root=None)`: a stateful converter; `.feed(record) -> list[event]` per parsed
   record, in order, never raising; `.stats` counts records, events, skipped (by reason) and capped.
 - `convert_hook(record, at=None, project_root=None) -> (events, stats)`: one Claude Code hook input;
@@ -22,8 +24,8 @@ from __future__ import annotations
 
 from memento_sessions.ingest.claude_hooks import convert_hook
 from memento_sessions.ingest.events import Event, Stats
-from memento_sessions.ingest.lines import FORMATS, Conversion, convert_lines, converter, detect
+from memento_sessions.ingest.lines import FORMATS, Conversion, LineReader, convert_lines, converter, detect
 from memento_sessions.ingest.reducer import Conversation, reduce
 
-__all__ = ["FORMATS", "Conversation", "Conversion", "Event", "Stats", "convert_hook", "convert_lines", "converter",
-           "detect", "reduce"]
+__all__ = ["FORMATS", "Conversation", "Conversion", "Event", "LineReader", "Stats", "convert_hook", "convert_lines",
+           "converter", "detect", "reduce"]

@@ -7,7 +7,7 @@ counted as `bad_json` and skipped, never the end of the ingest.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,39 +66,55 @@ def parse(line: str) -> tuple[bool, Any]:
 
 def convert_lines(lines: Iterable[str | bytes], fmt: str = "auto", project_root: str | None = None) -> Conversion:
     """Every event of a JSON Lines input; `fmt` "auto" picks the format from the first record that tells."""
-    events: list[Event] = []
-    pending: list[Any] = []  # records read before the format is known
-    stats, active = Stats(), None if fmt == "auto" else converter(fmt, project_root)
-    for line in lines:
+    reader = LineReader(fmt, project_root)
+    events = [event for line in lines for event in reader.feed(line)]
+    return Conversion(events, reader.finish())
+
+
+class LineReader:
+    """JSON Lines converted one line at a time (a caller can send events while it reads the rest).
+
+    `parse` turns a line into (ok, value): the standard library's by default; a caller may pass a faster
+    one with the same contract.
+    """
+
+    def __init__(self, fmt: str = "auto", project_root: str | None = None,
+                 parse: Callable[[str], tuple[bool, Any]] = parse) -> None:
+        self.root, self.parse = project_root, parse
+        self.outer = Stats()  # lines no converter saw: bad JSON, records before the format was known
+        self.active = None if fmt == "auto" else converter(fmt, project_root)
+        self.pending: list[Any] = []  # records read before the format is known
+
+    def feed(self, line: str | bytes) -> list[Event]:
+        """The events of one line (those of earlier lines too, once the format became known)."""
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
         if not text.strip():
-            continue
-        ok, record = parse(text)
+            return []
+        ok, record = self.parse(text)
         if not ok:
-            stats.records += 1
-            stats.skip("bad_json")
-        elif active is None:
-            pending.append(record)
-            found = detect(record)
-            active = converter(found, project_root) if found else None
-            events += _drain(active, pending) if active else []
-        else:
-            events += active.feed(record)
-    if active is None and pending:  # nothing told the format
-        stats.records += len(pending)
-        stats.skipped["unknown_format"] += len(pending)
-    return Conversion(events, _merge(stats, active.stats if active else None))
+            self.outer.records += 1
+            return self.outer.skip("bad_json")
+        if self.active is not None:
+            return self.active.feed(record)
+        self.pending.append(record)
+        found = detect(record)
+        if not found:
+            return []
+        self.active = converter(found, self.root)
+        events = [event for record in self.pending for event in self.active.feed(record)]
+        self.pending.clear()
+        return events
 
-
-def _drain(active: Converter, pending: list[Any]) -> list[Event]:
-    events = [event for record in pending for event in active.feed(record)]
-    pending.clear()
-    return events
-
-
-def _merge(outer: Stats, inner: Stats | None) -> Stats:
-    if inner is None:
-        return outer
-    inner.records += outer.records
-    inner.skipped.update(outer.skipped)
-    return inner
+    def finish(self) -> Stats:
+        """The counts of the whole input; records whose format nothing told are skipped as unknown_format."""
+        if self.active is None and self.pending:
+            self.outer.records += len(self.pending)
+            self.outer.skipped["unknown_format"] += len(self.pending)
+            self.pending.clear()
+        if self.active is None:
+            return self.outer
+        inner = self.active.stats
+        inner.records += self.outer.records
+        inner.skipped.update(self.outer.skipped)
+        self.outer = Stats()  # counted once, even if finish is called again
+        return inner

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench import bridge, checkpoint, coordination, emit, fanout, lifecycle, memory, replay
+from bench import bridge, checkpoint, coordination, emit, fanout, ingest, lifecycle, memory, replay
 from bench.harness import Env, Figure
 
 Section = Callable[[Env], Awaitable[Figure | list[Figure]]]
@@ -24,9 +24,11 @@ SECTIONS: dict[str, Section] = {
     "memory": memory.measure,
     "checkpoint": checkpoint.measure,
     "bridge": bridge.measure,
-    "time-travel": lifecycle.time_travel,
-    "lifecycle": lifecycle.moves,
+    "ingest": ingest.ingest,
+    "hook": ingest.hook,
     "lease-acquire": coordination.lease_acquire,
     "mailbox": coordination.mailbox_live,
     "emit-leases": coordination.emit_with_leases,
+    "time-travel": lifecycle.time_travel,
+    "lifecycle": lifecycle.moves,
 }
