@@ -202,3 +202,31 @@ async def test_list_by_status_refuses_a_bad_cursor_or_status(daemon: Daemon, nam
             error = await peer.error("session.list", params)
             assert error["code"] == -32602 and error["data"][0]["field"] in ("cursor", "status"), params
         assert (await peer.call("session.list", {"status": "completed"}))["sessions"] == []
+
+
+async def test_an_archive_pass_cut_off_by_postgres_is_logged_and_the_next_one_runs(
+        settings: Settings, backends: Backends) -> None:
+    """Postgres terminating the pass's connection mid-query (as a shutdown does) ends that pass, not the daemon's
+    lifecycle loop (it used to end the whole daemon with ConnectionDoesNotExistError)."""
+    manager = SessionManager(backends.redis, settings)
+    await manager.start()
+    service = LifecycleService(manager, backends)
+    await service.suspended.migrate()
+    holder = await asyncpg.connect(settings.postgres_dsn)
+    try:
+        async with holder.transaction(), anyio.create_task_group() as tg:
+            await holder.execute("LOCK TABLE suspended_sessions IN ACCESS EXCLUSIVE MODE")
+            tg.start_soon(service._guarded, service.archive)  # waits on the lock, inside ARCHIVE_OLD
+            with anyio.fail_after(10):
+                while not await holder.fetchval(WAITING_ON_THE_TABLE):
+                    await anyio.sleep(0.05)
+            assert await holder.fetchval(TERMINATE_WAITING) is True
+        assert isinstance(await service.archive(), int)  # the next pass opens a new connection and runs
+    finally:
+        await holder.close()
+
+
+WAITING_ON_THE_TABLE = ("SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                        "AND wait_event_type = 'Lock' AND query ILIKE '%suspended_sessions%'")
+TERMINATE_WAITING = ("SELECT bool_and(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+                     "AND wait_event_type = 'Lock' AND query ILIKE '%suspended_sessions%'")

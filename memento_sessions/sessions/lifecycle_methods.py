@@ -12,10 +12,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import anyio
+import asyncpg
 import pydantic_core
 from pydantic import Field
+from redis.exceptions import RedisError
 
-from memento_sessions.backends import Backends
+from memento_sessions.backends import UNANSWERED, Backends
 from memento_sessions.errors import InvalidParams, MementoError
 from memento_sessions.logs import get_logger
 from memento_sessions.rpc import Call, Registry, Result
@@ -32,6 +34,8 @@ Status = Literal["active", "suspended", "completed", "archived"]
 LIVE_CURSOR = re.compile(r"[0-9]{1,16}:[A-Za-z0-9._:-]{1,128}")  # session.list's own cursor (methods.ListCursor)
 IDLE_EVERY = 15.0  # seconds between idle-suspend passes
 ARCHIVE_EVERY = 600.0  # seconds between archive passes
+# What ends one idle/archive pass without ending the loop: ours, and any error a backend's driver raises.
+PASS_ERRORS: tuple[type[BaseException], ...] = (MementoError, *UNANSWERED, asyncpg.PostgresError, RedisError)
 
 
 class GetAtParams(GetParams):
@@ -81,9 +85,11 @@ class LifecycleService:
             await anyio.sleep(IDLE_EVERY)
 
     async def _guarded(self, job: Any) -> None:
+        """Run one pass; a backend that fails it (Postgres shutting down or cutting the connection mid-query,
+        a Redis or Cluster error) is logged and the next pass tries again: it must not stop the daemon."""
         try:
             await job()
-        except (MementoError, OSError, ConnectionError) as exc:
+        except PASS_ERRORS as exc:
             log.warning("lifecycle pass failed", job=job.__name__, error=repr(exc))
 
     async def suspend_idle(self) -> int:
