@@ -133,7 +133,7 @@ def _lines(spooled: BinaryIO) -> Iterator[bytes]:
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
-    from memento_sessions.ingest import convert_hook
+    from memento_sessions.ingest.claude_hooks import convert_hook
     from memento_sessions.ingest.events import _ID_OK
 
     record = entry.get("input")

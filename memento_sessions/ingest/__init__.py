@@ -22,10 +22,27 @@ A leaf: it imports nothing else of the package.
 
 from __future__ import annotations
 
-from memento_sessions.ingest.claude_hooks import convert_hook
-from memento_sessions.ingest.events import Event, Stats
-from memento_sessions.ingest.lines import FORMATS, Conversion, LineReader, convert_lines, converter, detect
-from memento_sessions.ingest.reducer import Conversation, reduce
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from memento_sessions.ingest.claude_hooks import convert_hook
+    from memento_sessions.ingest.events import Event, Stats
+    from memento_sessions.ingest.lines import FORMATS, Conversion, LineReader, convert_lines, converter, detect
+    from memento_sessions.ingest.reducer import Conversation, reduce
+
+# Each name is imported from its module when first asked: `memento-sessions hook` needs only the hook
+# converter, and every module it does not import is time the agent's tool call does not wait.
+_HOME = {"convert_hook": "claude_hooks", "Event": "events", "Stats": "events", "FORMATS": "lines",
+         "Conversion": "lines", "LineReader": "lines", "convert_lines": "lines", "converter": "lines",
+         "detect": "lines", "Conversation": "reducer", "reduce": "reducer"}
+
+
+def __getattr__(name: str) -> Any:
+    """The public names, imported lazily from their modules."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
 
 __all__ = ["FORMATS", "Conversation", "Conversion", "Event", "LineReader", "Stats", "convert_hook", "convert_lines",
            "converter", "detect", "reduce"]
