@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
 import anyio
 import pytest
 
+from memento_sessions import keys
+from memento_sessions.backends import Backends
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
 from tests.helpers import make_settings, token
@@ -86,3 +89,20 @@ async def test_presence_set_and_bad_inputs(daemon: Daemon, namespace: str) -> No
         assert error["code"] == -32602 and error["data"][0]["field"] == "sessionId"
         other = await a.call("presence.get", {"sessionId": "nobody-here"})
         assert other == {"agents": []}
+
+
+async def test_the_agents_of_a_daemon_that_stopped_beating_are_gone(daemon: Daemon, namespace: str,
+                                                                    backends: Backends) -> None:
+    """A crashed daemon leaves its fields behind; three missed heartbeats (15 s by default) and they no longer
+    count, so its agents are gone well within 60 s."""
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("session.join", {"sessionId": sid})
+        now = time.time_ns() // 1_000_000
+        key = keys.presence_key(namespace, sid)
+        await backends.redis.hset(key, mapping={
+            "ghost/crashed": json.dumps({"c": 1, "r": now - 16_000, "h": now - 16_000}),
+            "alive/other": json.dumps({"c": 2, "r": now - 40_000, "h": now - 1_000})})
+        agents = (await a.call("presence.get", {"sessionId": sid}))["agents"]
+        assert [(x["agentId"], x["status"], x["connections"]) for x in agents] == [("a", "active", 1),
+                                                                                  ("alive", "idle", 2)]

@@ -71,9 +71,12 @@ async def _live_latency(env: Env, conn: Any, recipient: str, count: int) -> Figu
             await rpc.ws.recv()  # the sender's reply, sent before or after the push
 
         ours = await timed(count, one)
+    async with ws(env, recipient) as reader:  # an inbox fetch of 20 messages, for docs/peers.md
+        reads = await timed(count, lambda _: reader.call("mailbox.read", {"limit": 20}))
     floor = await _bare_latency(env, count)
     return Figure("mailbox.send to live mailbox.message", "ms p99", pct(ours, 0.99), pct(floor, 0.99),
-                  Target.below_ms(5), higher_is_better=False, extra=latency_extra(ours, floor))
+                  Target.below_ms(5), higher_is_better=False,
+                  extra=latency_extra(ours, floor) | {"read20_p50_ms": pct(reads, 0.5)})
 
 
 async def _bare_latency(env: Env, count: int) -> list[float]:
