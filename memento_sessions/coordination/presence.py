@@ -156,7 +156,8 @@ class Presence:
 
     async def _publish(self, namespace: str, session_id: str, agent: str, status: str) -> None:
         frame = encode_notification("session.presence", {"sessionId": session_id, "agentId": agent, "status": status})
-        await self.store.command("PUBLISH", keys.session_channel(namespace, session_id), frame.decode())
+        await self.store.command(self.store.session_publish, keys.session_channel(namespace, session_id),
+                                 frame.decode())
 
     async def _publish_all(self, conn: Conn, status: str) -> None:
         for session_id in list(conn.sessions):

@@ -9,6 +9,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Forbidden
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.pipe import Pipe
@@ -24,6 +25,8 @@ class CoordStore:
     def __init__(self, redis: aioredis.Redis, pipe: Pipe | None = None) -> None:
         self.redis = redis
         self.pipe = pipe
+        # A session's channel is a shard channel on a Redis Cluster (keys.session_channel): published with SPUBLISH.
+        self.session_publish = "SPUBLISH" if is_cluster_client(redis) else "PUBLISH"
 
     async def load(self) -> None:
         """(Re)load the library; REPLACE makes this safe for every daemon at every start."""
