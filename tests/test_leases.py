@@ -199,3 +199,15 @@ async def test_the_handoff_context_lists_leases_and_open_conflicts_of_the_sessio
             {"entityId": "x", "heldBy": "a", "leaseId": mine["leaseId"], "mode": "exclusive"},
             {"entityId": "y", "heldBy": "c", "leaseId": theirs["leaseId"], "mode": "shared"}]
         assert handoff["openConflicts"] == [handoff["leases"][1]]  # c is not an agent of the session
+
+
+async def test_leases_are_namespace_isolated_and_list_takes_one_filter(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace + "x")) as b:
+        assert (await a.call("lease.acquire", {"entityIds": ["x"], "ttl": 60}))["granted"] is True
+        other = await b.call("lease.acquire", {"entityIds": ["x"], "ttl": 60})
+        assert other["granted"] is True and other["conflicts"] == []  # another tenant's lease is invisible
+        assert [lease["agentId"] for lease in (await b.call("lease.list", {}))["leases"]] == ["b"]
+        error = await a.error("lease.list", {"entityId": "x", "agentId": "a"})
+        assert error["code"] == -32602 and "not both" in error["data"][0]["message"]
+        assert (await b.error("lease.release", {"leaseId": (await a.call("lease.list", {}))["leases"][0]["leaseId"]})
+                )["code"] == -32004

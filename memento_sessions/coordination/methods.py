@@ -13,7 +13,16 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import pydantic_core
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.service import Coordination
@@ -66,6 +75,12 @@ class ListLeasesParams(Params):
     agentId: ClientId | None = None
     cursor: ClientId | None = None  # a previous page's nextCursor
     limit: int = Field(default=100, ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _one_filter(self) -> ListLeasesParams:
+        if self.entityId is not None and self.agentId is not None:
+            raise ValueError("give entityId or agentId, not both")
+        return self
 
 
 class SendParams(Params):
