@@ -102,11 +102,33 @@ async def test_bad_input_or_no_token_is_silent_and_exit_0(tmp_path: Path, namesp
     assert len((tmp_path / "hook-spool" / "spool.jsonl").read_text().splitlines()) == 1  # only the input
 
 
-def test_the_hook_process_is_fast_when_it_only_spools(tmp_path: Path, namespace: str) -> None:
-    env = hook_env(tmp_path, namespace, free_port())
-    times = []
-    for n in range(10):
-        started = time.perf_counter()
-        assert run_hook(env, hook_input("claude-3", n)).returncode == 0
-        times.append(time.perf_counter() - started)
-    assert sorted(times)[-2] < 0.2, times  # the bench measures the p99 against 100 ms; a loaded CI box is slower
+def test_the_hook_imports_nothing_heavy(tmp_path: Path, namespace: str) -> None:
+    """What makes the hook fast is what it does not import: no pydantic (settings), anyio, websockets, JWT,
+    structlog or the async client; while spooling, not even the converters or the socket modules."""
+    heavy = {"pydantic", "pydantic_settings", "anyio", "websockets", "jwt", "structlog", "redis",
+             "memento_sessions.settings", "memento_sessions.client", "memento_sessions.auth"}
+    env = {**hook_env(tmp_path, namespace, free_port()), "PYTHONPROFILEIMPORTTIME": "1"}
+    spooling = {key: value for key, value in env.items() if key != "MEMENTO_URL"}  # no daemon known: spool only
+    for variables, lean in ((env, heavy), (spooling, heavy | {"memento_sessions.ingest.claude_hooks", "socket"})):
+        done = run_hook(variables, hook_input("claude-3", 0))
+        imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
+        assert done.returncode == 0 and "memento_sessions.cli_hook" in imported
+        assert imported & lean == set()
+
+
+def test_the_hook_process_costs_little_beyond_the_interpreter(tmp_path: Path, namespace: str) -> None:
+    env = {key: value for key, value in hook_env(tmp_path, namespace, free_port()).items() if key != "MEMENTO_URL"}
+
+    def median(command: list[str], stdin: bytes) -> float:
+        times = []
+        for _ in range(9):
+            started = time.perf_counter()
+            subprocess.run(command, input=stdin, env=env, capture_output=True, timeout=30, check=True)
+            times.append(time.perf_counter() - started)
+        return sorted(times)[4]
+
+    bare = median([sys.executable, "-c", "pass"], b"")
+    hook = median(HOOK, json.dumps(hook_input("claude-3", 0)).encode())
+    # The bench measures the p99 against 100 ms; here, on a machine shared with other test runs, only that
+    # the hook adds little to the interpreter's own start (it took ~20 ms on a quiet machine).
+    assert hook - bare < 0.1, (hook, bare)

@@ -14,8 +14,9 @@ import pytest
 
 from memento_sessions.client import Client
 from memento_sessions.client.conversation import LiveConversation, load_conversation
-from memento_sessions.server.daemon import Daemon
-from tests.helpers import token
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import Daemon, running
+from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
 from tests.test_ingest_convert import FIXTURES, record, result, use
 from tests.test_mcp import failed, ok, over_http
@@ -187,3 +188,24 @@ async def test_get_conversation_over_mcp_pages_declares_its_keys_and_refuses_bad
     assert gone.startswith("Error executing tool get_conversation: session 'nope' not found (-32004)")
     assert [(tool["name"], tool["count"]) for tool in condensed["tools"]] == [("Bash", 2), ("Edit", 2), ("Write", 1)]
     assert [prompt["prompt"] for prompt in condensed["prompts"]] == ["make the tests pass"]
+
+
+async def test_conversation_reply_stays_under_a_quarter_of_the_send_buffer(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = make_settings(backend_urls, tmp_path, ws_send_buffer=64 * 1024)  # the smallest: 16 KiB per reply
+    big = "x" * 3000
+    events = [{"id": f"b{n}", "type": "block:upsert", "data": {"block": {"id": f"b{n}", "kind": "assistant_text",
+                                                                      "status": "complete", "content": big}}}
+              for n in range(40)]
+    async with running(settings) as daemon, rpc(daemon.port, token("writer", namespace)) as ws:
+        await ws.call("session.create", {"sessionId": "wordy"})
+        await ws.call("event.emitBatch", {"sessionId": "wordy", "events": events})
+        seen, cursor, pages = [], 0, 0
+        while cursor is not None:
+            reply = await ws.call("session.conversation", {"sessionId": "wordy", "cursor": cursor})
+            assert len(json.dumps(reply, separators=(",", ":"))) <= 16 * 1024
+            seen += [block["id"] for block in reply["blocks"]]
+            cursor, pages = reply.get("nextCursor"), pages + 1
+    # ~3.1 KB a block (3,000 characters and its keys): 5 fit in the 16 KiB budget beside the rest of the
+    # reply, 6 do not, so 40 blocks take 8 pages.
+    assert seen == [f"b{n}" for n in range(40)] and pages == 8
