@@ -209,3 +209,41 @@ async def test_conversation_reply_stays_under_a_quarter_of_the_send_buffer(
     # ~3.1 KB a block (3,000 characters and its keys): 5 fit in the 16 KiB budget beside the rest of the
     # reply, 6 do not, so 40 blocks take 8 pages.
     assert seen == [f"b{n}" for n in range(40)] and pages == 8
+
+
+async def test_directories_and_globs_each_file_into_its_own_session(daemon: Daemon, namespace: str,
+                                                                   tmp_path: Path) -> None:
+    folder = tmp_path / "runs"
+    (folder / "deep").mkdir(parents=True)
+    for name, sid in (("a.jsonl", "run-a"), ("deep/b.jsonl", "run-b")):
+        recs = [{**rec, "sessionId": sid} for rec in pytest_transcript()[:3]]
+        (folder / name).write_text("\n".join(json.dumps(rec) for rec in recs) + "\n")
+    (folder / "notes.txt").write_text("not an input\n")
+    code, out, err = await ingest(daemon, namespace, str(folder))
+    assert code == 0 and out.startswith("ingested 2 input(s): 6 records read, 10 events written, 0 already there")
+    assert err.splitlines() == [f"{folder}/a.jsonl: 5 events sent (3 records read so far)",
+                                f"{folder}/deep/b.jsonl: 5 events sent (6 records read so far)"]
+    code, out, _ = await ingest(daemon, namespace, str(folder / "**" / "*.jsonl"))
+    assert code == 0 and "6 records read, 0 events written, 10 already there" in out
+    code, out, _ = await ingest(daemon, namespace, str(folder / "missing.jsonl"))
+    assert code == 1 and "failed: " in out and "missing.jsonl" in out
+    async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
+        assert [(await client.get(sid))["session"]["seq"] for sid in ("run-a", "run-b")] == [5, 5]
+
+
+def test_the_progress_bar_on_a_terminal_counts_inputs_and_events() -> None:
+    from io import StringIO
+
+    from memento_sessions.cli_ingest import Progress, Totals
+
+    class Terminal(StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out, totals = Terminal(), Totals(written=700, already=300)
+    progress = Progress(out, 2)
+    progress.show("a.jsonl", 500, totals=totals)
+    progress.done("a.jsonl", 1000, totals)
+    assert out.getvalue().split("\r")[1:] == [
+        "[....................] 0/2 inputs  a.jsonl: 500 events sent; 700 written, 300 already there ",
+        "[##########..........] 1/2 inputs  a.jsonl: 1000 events sent; 700 written, 300 already there "]
