@@ -27,7 +27,6 @@ from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Registry
 from memento_sessions.sessions import conversation as conversation_methods
 from memento_sessions.sessions import lifecycle_methods
-from memento_sessions.sessions import conversation as conversation_methods
 from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.janitor import janitor
 from memento_sessions.sessions.manager import SessionManager
@@ -70,7 +69,6 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             await tg.start(run_while_leader, Lease(backends.redis), retention_job(backends, settings))
             session_methods.register(registry, manager)
             tg.start_soon(lifecycle_methods.register(registry, manager, backends).run)  # extends session.*
-            conversation_methods.register(registry, manager)
             conversation_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
