@@ -32,10 +32,10 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
-from falkordb.asyncio import FalkorDB
 from prometheus_client import REGISTRY
 
 from memento_sessions import keys
+from memento_sessions.backends import falkordb_client
 from memento_sessions.bridge.timeline import breakages
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.fixture import generate
@@ -233,7 +233,7 @@ async def test_outcomes_sum_up_a_clusters_recent_anchors(daemon: Daemon, namespa
 async def test_outcomes_leave_out_anchors_older_than_days(daemon: Daemon, namespace: str,
                                                           backend_urls: Endpoints) -> None:
     _, (cp1, cp2) = await scenario(daemon, namespace)
-    db = FalkorDB.from_url(backend_urls.redis_url)
+    db = falkordb_client(backend_urls.redis_url)
     await db.select_graph(f"memento_{namespace}").query(
         "MATCH (a:SessionAnchor {checkpointId: $id}) SET a.timestamp = timestamp() - 3 * 86400000", {"id": cp1})
     await db.connection.aclose()

@@ -90,10 +90,28 @@ async def read_archive(snapshots: Snapshots, graphs: NamespaceGraphs, namespace:
     snapshot = await latest_snapshot(snapshots, namespace, session_id)
     if not anchors and snapshot is None:
         raise NotFound(f"session {session_id!r} not found, live or archived", {"sessionId": session_id})
-    events = sorted(snapshot.events, key=lambda e: int(e.get("seq") or 0)) if snapshot else []
-    state = anchors[-1].get("outcome") if anchors else snapshot.outcome if snapshot else None
+    events = sorted(snapshot.events, key=event_seq) if snapshot else []
+    session = archived_view(session_id, anchors, snapshot, events)
+    return Record(session, events, "archive", anchors, snapshot.checkpoint_id if snapshot else None)
+
+
+def event_seq(event: Event) -> int:
+    """An archived event's seq (0 when it has none)."""
+    return int(event.get("seq") or 0)
+
+
+def archived_view(session_id: str, anchors: list[Anchor], snapshot: Snapshot | None,
+                  events: list[Event]) -> dict[str, Any]:
+    """The session object as far as the archive knows it: its last state, every actor, the highest seq."""
     agents = {actor for anchor in anchors for actor in anchor.get("actors") or []}
     agents |= {str(event["actor"]) for event in events if event.get("actor")}
-    seqs = [int(a.get("toSeq") or 0) for a in anchors] + [int(e.get("seq") or 0) for e in events]
-    session = {"sessionId": session_id, "state": state, "agentIds": sorted(agents), "seq": max(seqs, default=0)}
-    return Record(session, events, "archive", anchors, snapshot.checkpoint_id if snapshot else None)
+    seqs = [int(a.get("toSeq") or 0) for a in anchors] + [event_seq(e) for e in events]
+    return {"sessionId": session_id, "state": archived_state(anchors, snapshot), "agentIds": sorted(agents),
+            "seq": max(seqs, default=0)}
+
+
+def archived_state(anchors: list[Anchor], snapshot: Snapshot | None) -> Any:
+    """The newest anchor's outcome, else the snapshot's (None when neither says)."""
+    if anchors:
+        return anchors[-1].get("outcome")
+    return snapshot.outcome if snapshot else None

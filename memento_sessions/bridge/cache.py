@@ -93,6 +93,16 @@ class EventCache:
         """
         key = (ns, session_id)
         held = self._get(key)
+        session, members = await self._fetch(manager, key, held)
+        entry = self._entry_for(key, held, session["epoch"])
+        await fold(entry, members, hint)
+        self._keep(key, entry)
+        return session, entry
+
+    async def _fetch(self, manager: SessionManager, key: tuple[str, str],
+                     held: Entry | None) -> tuple[dict[str, Any], list[str]]:
+        """The session and its raw events after `held`'s last seq; every event when it was re-created since."""
+        ns, session_id = key
         try:
             session, members = await manager.read(ns, session_id, held.last_seq if held else 0)
             if held is not None and session["epoch"] != held.epoch:  # re-created since: start over
@@ -100,22 +110,15 @@ class EventCache:
         except NotFound:
             self._forget(key)
             raise
-        entry = self._get(key)  # another call may have replaced or evicted it meanwhile
-        if entry is None or entry.epoch != session["epoch"]:
-            # `members` continue `held` when it is of this epoch, else they are every event (a full read)
-            entry = held if held is not None and held.epoch == session["epoch"] else Entry(session["epoch"])
-        reported = 0
-        for start in range(0, max(len(members), 1), CHUNK):
-            entry.extend(decode(members[start:start + CHUNK]))
-            if hint is None:
-                continue
-            found = entry.fold.found
-            asked = hint([Breakage.load(item).window for item in found[reported:]])
-            reported = len(found)
-            if asked and start + CHUNK < len(members):
-                await asyncio.sleep(0)  # the loop sends the query while this call folds on
-        self._keep(key, entry)
-        return session, entry
+        return session, members
+
+    def _entry_for(self, key: tuple[str, str], held: Entry | None, epoch: str) -> Entry:
+        """The entry the fetched events continue: the one held now when it is of this epoch (another call may
+        have replaced or evicted it meanwhile), else `held` when of this epoch, else a new one (a full read)."""
+        entry = self._get(key)
+        if entry is None or entry.epoch != epoch:
+            entry = held if held is not None and held.epoch == epoch else Entry(epoch)
+        return entry
 
     def _get(self, key: tuple[str, str]) -> Entry | None:
         held = self._entries.get(key)
@@ -142,3 +145,18 @@ class EventCache:
         if held is not None:
             self.size -= held[1]
             self.nbytes -= held[2]
+
+
+async def fold(entry: Entry, members: list[str], hint: Hint | None) -> None:
+    """Decode and fold `members` into `entry` CHUNK at a time, handing each chunk's new breakage windows to
+    `hint` and yielding to the loop when it started a query."""
+    reported = 0
+    for start in range(0, max(len(members), 1), CHUNK):
+        entry.extend(decode(members[start:start + CHUNK]))
+        if hint is None:
+            continue
+        found = entry.fold.found
+        asked = hint([Breakage.load(item).window for item in found[reported:]])
+        reported = len(found)
+        if asked and start + CHUNK < len(members):
+            await asyncio.sleep(0)  # the loop sends the query while this call folds on
