@@ -37,7 +37,7 @@ class RpcSocket:
     async def reply(self, request_id: Any, any_id: bool = False) -> dict[str, Any]:
         with anyio.fail_after(10):
             while True:
-                message = json.loads(await self.ws.recv())
+                message: dict[str, Any] = json.loads(await self.ws.recv())
                 if "id" not in message:
                     self.notifications.append(message)
                 elif any_id or message["id"] == request_id:

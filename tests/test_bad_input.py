@@ -63,7 +63,7 @@ CASES: list[tuple[str, dict[str, Any], int, str]] = [
 ]
 
 
-async def stored(r: aioredis.Redis, namespace: str, sid: str) -> tuple[int, str, int]:
+async def stored(r: aioredis.Redis, namespace: str, sid: str) -> tuple[int, str | bytes | None, int]:
     skeys = keys.session_keys(namespace, sid)
     return await r.zcard(skeys.events), await r.hget(skeys.session, "seq"), await r.hlen(skeys.ids)
 

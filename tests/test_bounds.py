@@ -191,7 +191,8 @@ async def test_event_type_labels_and_counters_stay_bounded(daemon: Daemon, names
         labels = {sample.labels["type"] for metric in EVENTS.collect() for sample in metric.samples}
         assert labels <= {*KNOWN_TYPES, "other"}
         counter = manager_module.events_counter
-        assert getattr(counter, "cache_info", None) is None or counter.cache_info().currsize <= len(KNOWN_TYPES) + 1
+        info = getattr(counter, "cache_info", None)
+        assert info is None or info().currsize <= len(KNOWN_TYPES) + 1
 
 
 async def test_kg_upsert_refuses_poison_props_and_writes_nothing(daemon: Daemon, namespace: str,

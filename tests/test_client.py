@@ -209,7 +209,7 @@ async def test_a_reply_lost_in_a_cut_fails_the_call_and_an_emit_with_an_id_is_re
             with pytest.raises(ConnectionLost):
                 await alice.emit(sid, {"type": "modified"})
         await alice.get(sid)  # reconnected
-        alice.connection.transport.pause_reading()  # type: ignore[union-attr]
+        alice.connection.transport.pause_reading()
         async with anyio.create_task_group() as tg:
             tg.start_soon(applied_then_cut, 2)
             assert await alice.emit(sid, {"type": "modified", "id": "once"}) == {"seq": 2, "duplicate": True}

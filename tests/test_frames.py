@@ -62,7 +62,7 @@ async def test_the_functions_own_frames_are_read_and_rebuilt_byte_for_byte(setti
         [("session.event", seq, epoch, session_id) for seq in (1, 2, 3, 4)]
     assert [p["params"]["event"]["type"] for p in parsed] == ["start", "modified", "broke", "test_pass"]
     redis = aioredis.Redis.from_url(settings.redis_url or "", decode_responses=True)
-    members = await redis.zrange(keys.session_keys(namespace, session_id).events, 0, -1)
+    members: list[Any] = await redis.zrange(keys.session_keys(namespace, session_id).events, 0, -1)
     await redis.aclose()
     assert [member_seq(member) for member in members] == [seq_of(member) for member in members] == [1, 2, 3, 4]
     session_json = json.dumps(session_id, ensure_ascii=False, separators=(",", ":"))

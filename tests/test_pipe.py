@@ -123,7 +123,7 @@ def test_a_spinning_pipe_catches_sequential_replies_while_the_loop_polls(backend
                                                                          loop: str, apart: None) -> None:
     """A thread that sleeps in the kernel (the loop's epoll_wait) makes a voluntary context switch: without
     the spin the loop sleeps until each reply, with it it never sleeps on these calls."""
-    async def sequential(spin_us: int) -> tuple[list[str], int]:
+    async def sequential(spin_us: int) -> tuple[list[int], int]:
         pipe = Pipe(backend_urls.redis_url, spin_us)
         try:
             await pipe.call("PING")  # connect
@@ -163,7 +163,7 @@ async def test_other_tasks_run_while_the_loop_polls_for_a_reply(backend_urls: En
     pipe = Pipe(backend_urls.redis_url, 200_000)
     await pipe.call("PING")
     turns = 0
-    replies: list[str] = []
+    replies: list[int] = []
 
     async def ticker() -> None:
         nonlocal turns
@@ -178,7 +178,7 @@ async def test_other_tasks_run_while_the_loop_polls_for_a_reply(backend_urls: En
     task = asyncio.ensure_future(ticker())
     try:
         both = asyncio.gather(pipe.call("BLPOP", f"{namespace}:empty", 0.05), incr_soon())
-        assert await both == [None, None]
+        assert list(await both) == [None, None]
     finally:
         task.cancel()
     assert replies == [1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 import redis.asyncio as aioredis
@@ -44,7 +46,7 @@ async def test_fifty_agents_emitting_concurrently_get_seq_1_to_10000(daemon: Dae
     r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
     skeys = keys.session_keys(namespace, sid)
     assert await r.zcard(skeys.events) == 10_000
-    stored = await r.zrange(skeys.events, 0, -1, withscores=True)
+    stored: list[Any] = await r.zrange(skeys.events, 0, -1, withscores=True)
     assert [int(score) for _, score in stored] == list(range(1, 10_001))
 
     async with rpc(daemon.port, token("agent-7", namespace)) as peer:
