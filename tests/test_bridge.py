@@ -42,7 +42,7 @@ from memento_sessions.kg.fixture import generate
 from memento_sessions.kg.loader import parse_lines
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import Settings
-from tests.helpers import make_settings, token
+from tests.helpers import falkordb_url, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
@@ -233,7 +233,7 @@ async def test_outcomes_sum_up_a_clusters_recent_anchors(daemon: Daemon, namespa
 async def test_outcomes_leave_out_anchors_older_than_days(daemon: Daemon, namespace: str,
                                                           backend_urls: Endpoints) -> None:
     _, (cp1, cp2) = await scenario(daemon, namespace)
-    db = falkordb_client(backend_urls.redis_url)
+    db = falkordb_client(falkordb_url(backend_urls) or backend_urls.redis_url)
     await db.select_graph(f"memento_{namespace}").query(
         "MATCH (a:SessionAnchor {checkpointId: $id}) SET a.timestamp = timestamp() - 3 * 86400000", {"id": cp1})
     await db.connection.aclose()

@@ -23,6 +23,7 @@ from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.kg.loader import BATCH, BadRecord, EdgeRecord, NodeRecord, load_file, parse_lines, upsert
 from memento_sessions.settings import Settings
+from tests.helpers import falkordb_url
 
 GOOD = [
     {"node": {"id": "cluster:auth", "labels": ["SemanticCluster"], "props": {"name": "Auth"}}},
@@ -123,7 +124,7 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, backend_urls: Endpoints, tmp_path: 
     monkeypatch.setenv("MEMENTO_POSTGRES_DSN", backend_urls.postgres_dsn or "off")
     monkeypatch.setenv("MEMENTO_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("MEMENTO_LOG_LEVEL", "warning")
-    db = FalkorDB.from_url(backend_urls.redis_url)
+    db = FalkorDB.from_url(falkordb_url(backend_urls) or backend_urls.redis_url)  # the graphs' server
     yield db
     db.connection.close()
 
