@@ -33,18 +33,19 @@ from memento_sessions.errors import ConfigError
 from memento_sessions.mcp.http import serve_mcp
 from memento_sessions.mcp.tools import build_server
 from memento_sessions.mcp.tools_coordination import NAMES as COORDINATION
+from memento_sessions.mcp.tools_lifecycle import NAMES as LIFECYCLE
 from memento_sessions.rpc import Registry
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.methods import GetParams, ListParams
 from memento_sessions.settings import Settings, load_settings
-from tests.helpers import SECRET, make_settings, token
+from tests.helpers import SECRET, falkordb_url, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
 
 TOOLS = {"create_session", "join_session", "emit_event", "get_session", "list_sessions", "checkpoint_session",
          "get_transitions", "isolate_session", "get_handoff_context", "session_outcomes", "get_conversation",
-         *COORDINATION}  # the coordination tools' shapes: tests/test_mailbox.py
+         *COORDINATION, *LIFECYCLE}  # their shapes: tests/test_mailbox.py, tests/test_lifecycle.py
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
@@ -73,7 +74,8 @@ def stdio_env(urls: Endpoints, data_dir: Path, tok: str | None) -> dict[str, str
     env = {"MEMENTO_REDIS_URL": urls.redis_url, "MEMENTO_POSTGRES_DSN": urls.postgres_dsn or "off",
            "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_DATA_DIR": str(data_dir), "MEMENTO_LOG_LEVEL": "warning",
            "MEMENTO_CHECKPOINT_EVERY": str(CHECKPOINT_EVERY)}
-    return env | ({"MEMENTO_TOKEN": tok} if tok else {})
+    graphs = falkordb_url(urls)  # a cluster's URL needs the standalone FalkorDB's beside it
+    return env | ({"MEMENTO_TOKEN": tok} if tok else {}) | ({"MEMENTO_FALKORDB_URL": graphs} if graphs else {})
 
 
 @asynccontextmanager
@@ -528,6 +530,9 @@ UNSEEN = {
     "get_session.session.parentSessionId", "get_session.session.forkedAtSeq",  # no method forks a session yet
     "list_sessions.sessions[].parentSessionId", "list_sessions.sessions[].forkedAtSeq",
     "get_transitions.transitions[].checkpointId",  # an expired session whose events no snapshot kept
+    # a compacted session and one created with onIdle: tests/test_compaction.py, tests/test_lifecycle.py
+    "get_session.session.compactedSeq", "get_session.session.onIdle",
+    "list_sessions.sessions[].compactedSeq", "list_sessions.sessions[].onIdle",
 }
 
 
@@ -624,7 +629,7 @@ async def test_every_tool_output_declares_exactly_the_keys_its_method_returns(da
         await both("list_sessions", {}, "session.list")
 
     declared = set().union(*(declared_keys(schema, schema.get("$defs", {}), tool) for tool, schema in schemas.items()
-                            if schema is not None and tool not in COORDINATION))
+                            if schema is not None and tool not in COORDINATION | LIFECYCLE))
     assert declared - seen == UNSEEN, "a key declared but never returned, or an UNSEEN key now seen"
 
 

@@ -53,7 +53,12 @@ class Coordination:
         conn = self.presence.touch(call)
         if conn is None and call.peer is not None and call.peer.conn_id not in self.presence.conns:
             conn = self.presence.connect(call)
-            await self.mailbox.attach(call.identity.namespace, call.identity.agent_id, call.peer)
+            try:
+                await self.mailbox.attach(call.identity.namespace, call.identity.agent_id, call.peer)
+            except UNAVAILABLE as exc:
+                # Redis is away: the request goes on (and fails on its own if it needs Redis); the listener
+                # stays attached, so push resumes when the fan-out resubscribes, and messages wait in the mailbox.
+                log.warning("mailbox push not confirmed yet", agent_id=call.identity.agent_id, error=repr(exc))
         return conn
 
     async def handoff_leases(self, namespace: str, handoff: Result) -> Result:

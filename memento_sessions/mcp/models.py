@@ -122,6 +122,9 @@ class SessionView(TypedDict):
     expiresAt: str
     lastCheckpoint: Json | None
     labels: dict[str, str]
+    status: Literal["active", "suspended", "completed", "archived"]
+    compactedSeq: NotRequired[int]
+    onIdle: NotRequired[Literal["expire", "suspend"]]
     parentSessionId: NotRequired[str]
     forkedAtSeq: NotRequired[int]
 

@@ -142,7 +142,10 @@ class CoordinationTools:
         return cast(Renewed, await self.call("lease.renew", {"leaseId": leaseId, "ttl": ttl}))
 
     async def release_lease(self, leaseId: LeaseId) -> Released:
-        """Release a lease as soon as you are done with its entities, so other agents can take them."""
+        """Release a lease as soon as you are done with its entities, so other agents can take them. Do it
+        when your edit is committed or abandoned, not at the end of your whole task: an exclusive lease you
+        forget blocks everyone else until its TTL runs out. Only the agent that acquired the lease can
+        release it."""
         return cast(Released, await self.call("lease.release", {"leaseId": leaseId}))
 
     async def list_leases(self, entityId: LeaseEntity = None, agentId: LeaseAgent = None,
@@ -169,7 +172,9 @@ class CoordinationTools:
         return cast(Inbox, await self.call("mailbox.read", params))
 
     async def ack_messages(self, messageIds: MessageIds) -> Acked:
-        """Mark messages as read once you handled them, so read_inbox with unreadOnly skips them."""
+        """Mark messages as read once you handled them, so read_inbox with unreadOnly skips them. Pass the
+        messageIds you got from read_inbox or from a mailbox notification; acking is idempotent, and an id
+        you do not have is ignored. Unacked messages stay until their TTL, so ack what you acted on."""
         return cast(Acked, await self.call("mailbox.ack", {"messageIds": messageIds}))
 
     def registrations(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:

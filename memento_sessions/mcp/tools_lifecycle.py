@@ -174,3 +174,7 @@ class LifecycleTools:
 def registrations(tools: Caller) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
     """The event-sourcing and lifecycle tools with their annotations."""
     return LifecycleTools(tools).registrations()
+
+
+NAMES = frozenset({"get_session_at", "diff_session", "snapshot_session", "compact_session", "fork_session",
+                   "suspend_session", "resume_session"})

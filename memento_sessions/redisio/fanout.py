@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.backends import cluster_client
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
@@ -138,12 +139,16 @@ class Fanout:
         """Feed `listener` from `channel`; returns once Redis confirmed the subscription."""
         listeners = self.listeners.setdefault(channel, set())
         listeners.add(listener)
-        with anyio.fail_after(CONFIRM_TIMEOUT):
-            if len(listeners) == 1 and self.shards is not None and sharded(channel):
-                await self.shards.add(channel)
-            elif len(listeners) == 1 and self._subscriber is not None:
-                self._subscriber.command("SUBSCRIBE", channel)
-            await self._confirmed.setdefault(channel, anyio.Event()).wait()
+        try:
+            with anyio.fail_after(CONFIRM_TIMEOUT):
+                if len(listeners) == 1 and self.shards is not None and sharded(channel):
+                    await self.shards.add(channel)
+                elif len(listeners) == 1 and self._subscriber is not None:
+                    self._subscriber.command("SUBSCRIBE", channel)
+                await self._confirmed.setdefault(channel, anyio.Event()).wait()
+        except TimeoutError:
+            raise RedisTimeoutError(f"Redis did not confirm the subscription to {channel} within "
+                                    f"{CONFIRM_TIMEOUT}s") from None
 
     def detach(self, channel: str, listener: Listener) -> None:
         """Stop feeding `listener`; the channel is unsubscribed with its last listener."""
