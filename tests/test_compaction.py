@@ -80,7 +80,7 @@ async def test_rehydration_equals_the_full_history_at_every_seq(settings: Settin
     full: list[dict[str, Any]] = []  # every event as stored, read before any compaction removes it
     for seq in range(1, total + 1):
         await manager.emit(who(rng.choice(AGENTS), namespace), sid, random_event(rng))
-        full.append(pydantic_core.from_json((await r.zrangebyscore(skeys.events, seq, seq))[0]))
+        full.append(pydantic_core.from_json(str((await r.zrangebyscore(skeys.events, seq, seq))[0])))
         if seq in snaps:
             assert (await history.snapshot(namespace, sid))["seq"] == seq
         if seq in points:
@@ -91,7 +91,7 @@ async def test_rehydration_equals_the_full_history_at_every_seq(settings: Settin
     compacted = int(await r.hget(skeys.session, "compactedSeq") or 0)
     members = await r.zrange(skeys.events, 0, -1)
     assert compacted >= min(points) - 4
-    assert [pydantic_core.from_json(m)["seq"] for m in members] == list(range(compacted + 1, total + 1))
+    assert [pydantic_core.from_json(str(m))["seq"] for m in members] == list(range(compacted + 1, total + 1))
     kept = {int(s) for s in (await r.hget(skeys.ids, "~snaps") or "").split()}
     for seq in range(total + 1):
         if 0 < seq < compacted and seq not in kept:  # seq 0 is the empty session, always known

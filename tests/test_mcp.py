@@ -100,7 +100,8 @@ def ok(result: CallToolResult) -> dict[str, Any]:
     """The structured result of a call that must succeed."""
     assert not result.is_error, result.content
     assert result.structured_content is not None
-    return result.structured_content
+    structured: dict[str, Any] = result.structured_content
+    return structured
 
 
 def failed(result: CallToolResult) -> str:
@@ -191,7 +192,8 @@ async def test_bad_arguments_return_an_error_naming_the_field_and_write_nothing(
 async def test_out_of_range_arguments_and_unknown_tools_get_the_one_error_format(connect: Connect,
                                                                                 namespace: str) -> None:
     async with connect(token("sloppy", namespace)) as mcp:
-        calls = [("get_session", {"sessionId": "s", "limit": 0}, "limit: Input should be greater than or equal to 1"),
+        calls: list[tuple[str, dict[str, Any], str]] = [
+                 ("get_session", {"sessionId": "s", "limit": 0}, "limit: Input should be greater than or equal to 1"),
                  ("list_sessions", {"limit": 501}, "limit: Input should be less than or equal to 500"),
                  ("session_outcomes", {"clusterId": "c", "days": 366},
                   "days: Input should be less than or equal to 365"),
@@ -277,7 +279,7 @@ async def feed_bridge(mcp: ClientSession, ws: RpcSocket) -> str:
             event["type"] = "test_pass"
         ok(await mcp.call_tool("emit_event", {"sessionId": sid, "event": event}))
     await ws.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "impact": {"perfDelta": 4.0}}})
-    return sid
+    return str(sid)
 
 
 async def test_handoff_context_shows_what_a_websocket_client_sees(connect: Connect, daemon: Daemon,
@@ -294,7 +296,8 @@ async def test_bridge_tools_return_the_bridge_methods_results(connect: Connect, 
                                                              namespace: str) -> None:
     async with connect(token("lead", namespace)) as mcp, rpc(daemon.port, token("helper", namespace)) as ws:
         sid = await feed_bridge(mcp, ws)
-        calls = [("get_transitions", "bridge.transitions", {"sessionId": sid}),
+        calls: list[tuple[str, str, dict[str, Any]]] = [
+                 ("get_transitions", "bridge.transitions", {"sessionId": sid}),
                  ("isolate_session", "bridge.isolate", {"sessionId": sid, "agentId": "helper"}),
                  ("session_outcomes", "bridge.outcomes", {"clusterId": "cluster:none", "days": 7})]
         for tool, method, args in calls:

@@ -100,13 +100,13 @@ class Inbox(LeanCaller):
 
     def __init__(self) -> None:
         super().__init__()
-        self.got, self.total, self.done = 0, 0, asyncio.Event()
+        self.got, self.total, self.arrived = 0, 0, asyncio.Event()
 
     def _frame(self, opcode: int, payload: bytes, now: int) -> None:
         if opcode == 0x1 and b'"mailbox.message"' in payload[:60]:
             self.got += 1
             if self.got >= self.total:
-                self.done.set()
+                self.arrived.set()
         else:
             super()._frame(opcode, payload, now)
 
@@ -130,7 +130,7 @@ async def _throughput(env: Env, recipient: str, per_sender: int) -> Figure:
 
     start = time.perf_counter()
     await concurrently(SENDERS, sender)
-    await asyncio.wait_for(inbox.done.wait(), 30)
+    await asyncio.wait_for(inbox.arrived.wait(), 30)
     ours = inbox.total / (time.perf_counter() - start)
     for caller in (*senders, inbox):
         assert caller.transport is not None

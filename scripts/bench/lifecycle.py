@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import cast
 
 import asyncpg
 
@@ -47,9 +48,9 @@ async def bare_rehydrate(env: Env, sid: str, at: int) -> None:
     """The floor: the snapshot list, the snapshot and the events after it, decoded, by bare redis-py."""
     skeys = keys.session_keys(env.namespace, sid)
     base = max((s for s in map(int, (await env.redis.hget(skeys.ids, "~snaps") or "").split()) if s <= at), default=0)
-    json.loads(await env.redis.hget(skeys.ids, f"~snap:{base}") or "{}")
+    json.loads(str(await env.redis.hget(skeys.ids, f"~snap:{base}") or "{}"))
     members = await env.redis.zrangebyscore(skeys.events, f"({base}", at)
-    [json.loads(member) for member in members]
+    [json.loads(str(member)) for member in members]
 
 
 async def time_travel(env: Env) -> list[Figure]:
@@ -105,7 +106,7 @@ async def moves(env: Env) -> list[Figure]:
 async def bare_copy(env: Env, sid: str, to: str) -> None:
     """The fork's floor: read every event, ZADD them under another key."""
     members = await env.redis.zrange(keys.session_keys(env.namespace, sid).events, 0, -1, withscores=True)
-    await env.redis.zadd(keys.session_keys(env.namespace, to).events, dict(members))
+    await env.redis.zadd(keys.session_keys(env.namespace, to).events, dict(cast(list[tuple[str, float]], members)))
     await env.redis.delete(keys.session_keys(env.namespace, to).events)
 
 
