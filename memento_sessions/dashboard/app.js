@@ -193,10 +193,15 @@ const app = {
   lastPoll: null,        // {at, seqs} of the previous poll
   lastFetch: new Map(),  // sessionId -> seq whose last event was asked for
   detail: null,
+  presenceTimer: 0,      // a presence read after a session.presence notification (fills in counts)
+  leasesTimer: 0,        // a lease read after the timeline names a new entity or shows a conflict
 };
 
 function newDetail(id) {
-  return { id, items: [], lastSeq: 0, epoch: null, state: "", agents: [], tab: "timeline", note: "" };
+  // presence: agentId -> {agentId, status, lastSeen, connections}, kept live from session.presence;
+  // entities: every entity the timeline names (the leases panel shows the leases on them).
+  return { id, items: [], lastSeq: 0, epoch: null, state: "", presence: null, entities: new Set(), tab: "timeline",
+    note: "" };
 }
 
 // What the next frame must redraw: a live event in the open session redraws the timeline only.
@@ -264,6 +269,7 @@ function schedulePoll(delay = POLL_MS) {
 async function poll() {
   try {
     if (!document.hidden) await loadSessions();
+    if (!document.hidden && app.detail) await loadLeases();  // leases end and start without a notification to us
   } catch (err) {
     if (err.code !== -1) console.warn("session.list failed", err);
   }
@@ -377,7 +383,34 @@ function onEvent(p) {
   d.state = stateOf(p.event, d.state || (s && s.state) || "working");
   d.items.push({ key: p.seq, seq: p.seq, event: p.event });
   if (d.items.length > MAX_EVENTS) d.items.splice(0, d.items.length - MAX_EVENTS);
+  noteEntities(d, p.event);
+  if (p.event.type === "conflict") markConflicted(d, p.event);
   frame("detail");
+}
+
+function noteEntities(d, e) {
+  // A new entity may have leases on it: the leases panel is read again (at most once per poll).
+  const ids = (e.changeInfo && e.changeInfo.entityIds) || [];
+  let grown = false;
+  for (const id of ids) if (!d.entities.has(id)) { d.entities.add(id); grown = true; }
+  if (grown) leasesSoon();
+}
+
+function leasesSoon() {
+  // Many events naming new entities (a replay) cost one lease read.
+  clearTimeout(app.leasesTimer);
+  app.leasesTimer = setTimeout(() => loadLeases(), 300);
+}
+
+function markConflicted(d, e) {
+  // The conflict event names the seq of the emit that touched a leased entity: that row is marked too.
+  const seq = e.data && e.data.seq;
+  for (let i = d.items.length - 1; i >= 0; i--) {
+    const it = d.items[i];
+    if (it.event && it.seq === seq) { d.items[i] = { ...it, conflicted: true }; break; }
+    if (it.seq < seq) break;
+  }
+  leasesSoon();
 }
 
 function onCheckpoint(p) {
@@ -387,7 +420,15 @@ function onCheckpoint(p) {
   frame();
 }
 
+function conflictText(data) {
+  const found = (data && data.conflicts) || [];
+  const held = found.slice(0, 2).map((c) => `${c.entityId}${c.via ? ` (via ${c.via})` : ""} held by ${c.heldBy} ` +
+    `(${c.mode})`);
+  return `seq ${data && data.seq} touched ${held.join(", ")}${found.length > 2 ? ` +${found.length - 2}` : ""}`;
+}
+
 function summary(e) {
+  if (e.type === "conflict") return conflictText(e.data);
   const parts = [];
   const ci = e.changeInfo;
   if (ci) {
@@ -419,7 +460,7 @@ function fillEvent(row, item) {
   const e = item.event;
   const kind = kindOf(e);
   const broken = stateOf(e, "") === "broken" ? " broken" : "";
-  row.className = `row ev ${kind}${broken}`;
+  row.className = `row ev ${kind}${broken}${item.conflicted ? " conflicted" : ""}`;
   row.dataset.seq = String(item.seq);
   row.dataset.type = e.type;
   row.replaceChildren(span(String(item.seq), "num"), span(clock(e.timestamp), "dim time"), span(e.actor || "", "actor"),
@@ -432,28 +473,96 @@ function notAvailable(err) {
   return err.code === -32601 ? "not available on this daemon" : `unavailable: ${err.message}`;
 }
 
-function lines(box, items, line, empty) {
-  box.replaceChildren(...(items.length ? items.map((it) => { const p = document.createElement("div"); p.className = "line"; p.append(...line(it)); return p; }) : [span(empty, "dim")]));
+function lines(box, items, line, empty, data) {
+  // `data` gives each line's data-* attributes (what the tests and a user's devtools look for).
+  box.replaceChildren(...(items.length ? items.map((it) => {
+    const p = document.createElement("div");
+    p.className = "line";
+    if (data) Object.assign(p.dataset, data(it));
+    p.append(...line(it));
+    return p;
+  }) : [span(empty, "dim")]));
 }
 
-async function panel(box, call, show) {
+async function panel(box, call, show, first = true) {
+  // A first read says "loading…"; a refresh keeps what is shown until the answer replaces it.
   const id = app.detail && app.detail.id;
-  box.replaceChildren(span("loading…", "dim"));
+  if (first) box.replaceChildren(span("loading…", "dim"));
   try {
     const result = await call();
-    if (app.detail && app.detail.id === id) show(result);
+    if (app.detail && app.detail.id === id) { delete box.dataset.code; show(result); }
   } catch (err) {
-    if (app.detail && app.detail.id === id) { box.replaceChildren(span(notAvailable(err), "dim na")); box.dataset.code = String(err.code); }
+    if (app.detail && app.detail.id === id && err.code !== -1) {
+      box.replaceChildren(span(notAvailable(err), "dim na"));
+      box.dataset.code = String(err.code);
+    }
   }
 }
 
 function loadPanels() {
-  const id = app.detail.id;
-  panel($("#presence"), () => app.rpc.call("presence.get", { sessionId: id }), (r) =>
-    lines($("#presence"), r.agents || [], (a) => [span(a.agentId, "actor"), span(` ${a.status}`, a.status), span(` ${a.connections ?? ""}`, "dim")], "nobody here"));
-  panel($("#leases"), () => app.rpc.call("lease.list", {}), (r) =>
-    lines($("#leases"), (r.leases || []).filter((l) => !l.sessionId || l.sessionId === id), (l) =>
-      [span((l.entityIds || [l.entityId]).join(", "), "sid"), span(` ${l.mode || ""}`, "dim"), span(` ${l.agentId || l.heldBy || ""}`, "actor")], "no leases"));
+  loadPresence(true);
+  loadLeases(true);
+}
+
+async function loadPresence(first = false) {
+  const d = app.detail;
+  if (!d) return;
+  await panel($("#presence"), () => app.rpc.call("presence.get", { sessionId: d.id }), (r) => {
+    d.presence = new Map((r.agents || []).map((a) => [a.agentId, a]));
+    drawPresence();
+  }, first);
+}
+
+function drawPresence() {
+  const d = app.detail;
+  if (!d || !d.presence) return;
+  const agents = [...d.presence.values()].sort((a, b) => a.agentId.localeCompare(b.agentId));
+  lines($("#presence"), agents, (a) => [span(a.agentId, "actor"), span(` ${a.status}`, `presence ${a.status}`),
+    span(a.connections ? ` · ${a.connections} conn` : "", "dim"), span(a.lastSeen ? ` · ${ago(a.lastSeen)}` : "", "dim")],
+  "nobody here", (a) => ({ agent: a.agentId, status: a.status }));
+}
+
+function onPresence(p) {
+  // Applied at once (joined/active/idle/left); the next read fills in connections and lastSeen.
+  const d = app.detail;
+  if (!d || p.sessionId !== d.id || !d.presence) return;
+  if (p.status === "left") d.presence.delete(p.agentId);
+  else {
+    const old = d.presence.get(p.agentId) || { agentId: p.agentId, connections: 0 };
+    d.presence.set(p.agentId, { ...old, status: p.status === "joined" ? "active" : p.status,
+      lastSeen: new Date().toISOString() });
+  }
+  drawPresence();
+  clearTimeout(app.presenceTimer);
+  app.presenceTimer = setTimeout(() => loadPresence(), 500);
+}
+
+async function allLeases() {
+  // lease.list pages by nextCursor; a namespace holds at most MEMENTO_LEASE_MAX (10,000) live leases.
+  const leases = [];
+  let cursor = null;
+  for (let page = 0; page < 10; page++) {
+    const r = await app.rpc.call("lease.list", cursor ? { limit: 1000, cursor } : { limit: 1000 });
+    leases.push(...(r.leases || []));
+    cursor = r.nextCursor;
+    if (!cursor) break;
+  }
+  return { leases };
+}
+
+function sessionLeases(d, leases) {
+  // Taken for this session, or on an entity its timeline names (directly or through what the lease covers).
+  return leases.filter((l) => l.sessionId === d.id ||
+    [...(l.entityIds || []), ...(l.covers || [])].some((e) => d.entities.has(e)));
+}
+
+async function loadLeases(first = false) {
+  const d = app.detail;
+  if (!d) return;
+  await panel($("#leases"), allLeases, (r) =>
+    lines($("#leases"), sessionLeases(d, r.leases), (l) => [span((l.entityIds || []).join(", "), "sid"),
+      span(` ${l.mode}`, `mode ${l.mode}`), span(` ${l.agentId}`, "actor"), span(` until ${clock(l.expiresAt)}`, "dim")],
+    "no leases", (l) => ({ lease: l.leaseId, agent: l.agentId })), first);
 }
 
 function showTab(name) {
@@ -482,12 +591,25 @@ function loadHandoff() {
   });
 }
 
+function blockText(b) {
+  if (b.kind === "tool_use") {
+    const out = typeof b.output === "string" ? ` → ${b.output}` : "";
+    return `${b.toolName || "tool"}(${b.input === undefined ? "" : JSON.stringify(b.input)})${out}`;
+  }
+  return typeof b.content === "string" ? b.content : JSON.stringify(b.content ?? "");
+}
+
 function loadConversation() {
+  // One page (session.conversation's default, 200 blocks) of the main thread; subagents are counted.
   const box = $("#conversation");
   panel(box, () => app.rpc.call("session.conversation", { sessionId: app.detail.id }), (r) => {
-    const blocks = r.blocks || r.messages || r.conversation || [];
-    lines(box, blocks, (b) => [span(`${b.role || b.kind || b.type || ""} `, "actor"),
-      span(typeof b.text === "string" ? b.text : JSON.stringify(b.content ?? b), "sum")], "no conversation recorded");
+    const list = document.createElement("div");
+    lines(list, r.blocks || [], (b) => [span(`${b.kind} `, `actor kind-${b.kind}`),
+      span(b.status === "pending" ? "… " : "", "dim"), span(blockText(b), "sum")], "no conversation recorded",
+    (b) => ({ block: b.id, kind: b.kind, status: b.status }));
+    const head = [`${r.blockCount} blocks`, r.subagentCount ? `${r.subagentCount} subagents` : "",
+      r.idle ? "idle" : "", r.nextCursor !== undefined ? `first ${(r.blocks || []).length} shown` : ""];
+    box.replaceChildren(span(head.filter(Boolean).join(" · "), "dim"), list);
   });
 }
 
@@ -555,7 +677,7 @@ function renderDetail() {
   setText("#d-title", d.id);
   setText("#d-state", state);
   $("#d-state").className = `state ${state}`;
-  setText("#d-meta", [s ? `agents ${s.agentIds.join(", ") || "—"}` : "", `seq ${d.lastSeq}`,
+  setText("#d-meta", [s && s.status ? `status ${s.status}` : "", s ? `agents ${s.agentIds.join(", ") || "—"}` : "", `seq ${d.lastSeq}`,
     d.epoch ? `epoch ${d.epoch}` : "", d.note].filter(Boolean).join(" · "));
   setText("#tl-count", `${d.items.length} rows`);
   timeline.items = d.items;
@@ -652,11 +774,25 @@ async function daemonUp() {
   }
 }
 
+const LIFECYCLE = new Map([["session.suspended", "suspended"], ["session.resumed", "active"],
+  ["session.forked", null], ["session.compacted", null]]);
+
+function onLifecycle(method, p) {
+  // A status change shows at once; a fork or compaction is noted in the timeline's header; the poll confirms.
+  const s = app.sessions.get(p.sessionId);
+  const status = LIFECYCLE.get(method);
+  if (s && status) upsert({ ...s, status });
+  if (app.detail && app.detail.id === p.sessionId) app.detail.note = method.replace("session.", "");
+  frame();
+  schedulePoll(250);
+}
+
 function notified(method, params) {
   if (method === "session.event") onEvent(params);
   else if (method === "session.checkpoint") onCheckpoint(params);
   else if (method === "sessions.announce") announced(params);
-  else if (method === "session.presence" && app.detail && params.sessionId === app.detail.id) loadPanels();
+  else if (method === "session.presence") onPresence(params);
+  else if (LIFECYCLE.has(method)) onLifecycle(method, params);
 }
 
 // ---------------------------------------------------------------- wiring
