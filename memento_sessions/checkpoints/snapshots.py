@@ -16,12 +16,12 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from memento_sessions.backends import UNANSWERED, Postgres
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS, FAILURE_SNAPSHOTS
+from memento_sessions.migrations import LOCK_SCHEMA, SCHEMA_LOCK, apply_missing
 from memento_sessions.retry import retry
 
 log = get_logger(__name__)
@@ -29,17 +29,8 @@ log = get_logger(__name__)
 # Errors after which a retry may succeed: the server is down, restarting or shutting down.
 TRANSIENT: tuple[type[BaseException], ...] = (*UNANSWERED, asyncpg.OperatorInterventionError)
 
-SCHEMA_LOCK = 0x6D656D656E746F01  # advisory lock key held while changing the schema or partitions
 PARTITION_NAME = re.compile(r"^session_snapshots_p(\d{8})$")
 
-CREATE_MIGRATIONS_TABLE = """
-CREATE TABLE IF NOT EXISTS memento_schema_migrations (
-    version integer PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)"""
-LOCK_SCHEMA = "SELECT pg_advisory_xact_lock($1)"
-APPLIED_VERSIONS = "SELECT version FROM memento_schema_migrations"
-RECORD_VERSION = "INSERT INTO memento_schema_migrations (version) VALUES ($1)"
 
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (1, (
@@ -151,12 +142,7 @@ class Snapshots:
             return
         pool = await self.postgres.pool()
         async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(LOCK_SCHEMA, SCHEMA_LOCK)
-            await conn.execute(CREATE_MIGRATIONS_TABLE)
-            applied = {row["version"] for row in await conn.fetch(APPLIED_VERSIONS)}
-            for version, statements in MIGRATIONS:
-                if version not in applied:
-                    await _apply(conn, version, statements)
+            await apply_missing(conn, MIGRATIONS)
         today = datetime.now(UTC).date()
         await self.create_partition(today)
         await self.create_partition(today + timedelta(days=1))
@@ -269,11 +255,6 @@ def _seq(event: dict[str, Any]) -> int:
     return value if isinstance(value, int) else 0  # the server sets every stored event's seq
 
 
-async def _apply(conn: PoolConnectionProxy[asyncpg.Record], version: int, statements: tuple[str, ...]) -> None:
-    for statement in statements:
-        await conn.execute(statement)
-    await conn.execute(RECORD_VERSION, version)
-    log.info("postgres schema migrated", version=version)
 
 
 def _partition_day(name: str) -> date | None:

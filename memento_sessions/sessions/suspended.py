@@ -15,16 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from memento_sessions.backends import Postgres
-
-SCHEMA_LOCK = 0x6D656D656E746F02  # advisory lock key held while changing this table
-CREATE_MIGRATIONS_TABLE = """
-CREATE TABLE IF NOT EXISTS memento_schema_migrations (
-    version integer PRIMARY KEY,
-    applied_at timestamptz NOT NULL DEFAULT now()
-)"""
-LOCK_SCHEMA = "SELECT pg_advisory_xact_lock($1)"
-APPLIED_VERSIONS = "SELECT version FROM memento_schema_migrations"
-RECORD_VERSION = "INSERT INTO memento_schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING"
+from memento_sessions.migrations import apply_missing
 
 # Versions from 101 up: the failure snapshots' migrations count from 1 in the same table.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -103,14 +94,7 @@ class SuspendedStore:
             return
         pool = await self.postgres.pool()
         async with pool.acquire() as conn, conn.transaction():
-            await conn.execute(LOCK_SCHEMA, SCHEMA_LOCK)
-            await conn.execute(CREATE_MIGRATIONS_TABLE)
-            applied = {row["version"] for row in await conn.fetch(APPLIED_VERSIONS)}
-            for version, statements in MIGRATIONS:
-                if version not in applied:
-                    for statement in statements:
-                        await conn.execute(statement)
-                    await conn.execute(RECORD_VERSION, version)
+            await apply_missing(conn, MIGRATIONS)
         self._migrated = True
 
     async def put(self, row: Suspended) -> None:
