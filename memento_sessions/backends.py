@@ -65,13 +65,14 @@ def redis_client(url: str) -> aioredis.Redis:
     )
 
 
-def cluster_client(url: ClusterUrl) -> RedisCluster:
-    """A redis-py RedisCluster on the URL's seed nodes, connected (and its topology read) on first use."""
+def cluster_client(url: ClusterUrl, decode_responses: bool = True) -> RedisCluster:
+    """A redis-py RedisCluster on the URL's seed nodes, connected (and its topology read) on first use.
+    The daemon's decodes replies; a caller wanting bytes (as `Redis.from_url` gives by default) says so."""
     retry = AsyncRetry(ExponentialWithJitterBackoff(base=0.02, cap=1.0), retries=3)
     client = RedisCluster(
         startup_nodes=[ClusterNode(host, port) for host, port in url.nodes], username=url.username,
-        password=url.password, decode_responses=True, socket_timeout=5.0, socket_connect_timeout=2.0, retry=retry,
-        max_connections=512,
+        password=url.password, decode_responses=decode_responses, socket_timeout=5.0, socket_connect_timeout=2.0,
+        retry=retry, max_connections=512,
     )
     client.response_callbacks = _KeysDropped(client.response_callbacks)
     return client

@@ -22,7 +22,8 @@ from typing import Any, cast
 import pytest
 import redis.asyncio as aioredis
 
-from memento_sessions.backends import Backends, open_backends, redis_client
+from memento_sessions.backends import Backends, cluster_client, open_backends
+from memento_sessions.cluster_url import ClusterUrl
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints
@@ -63,7 +64,8 @@ def _cluster_aware_from_url() -> None:
     def from_url(cls: type[aioredis.Redis], url: str, **kwargs: Any) -> aioredis.Redis:
         if not url.startswith("redis+cluster://"):
             return plain(cls, url, **kwargs)
-        client: Any = redis_client(url)
+        # bytes unless asked otherwise, as from_url gives them on a single Redis
+        client: Any = cluster_client(ClusterUrl.parse(url), decode_responses=kwargs.get("decode_responses", False))
         # CLIENT KILL reaches every node (the tests cut the daemon's connections, wherever they are).
         client.command_flags["CLIENT KILL"] = client.ALL_NODES
         client.result_callbacks["CLIENT KILL"] = lambda command, replies, **kw: sum(replies.values())

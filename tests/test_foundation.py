@@ -161,7 +161,9 @@ async def test_with_redis_down_at_start_the_daemon_serves_and_says_so(backend_ur
     from tests.helpers import make_settings
 
     assert isinstance(tmp_path, Path)
-    settings = make_settings(backend_urls, tmp_path, redis_url="redis://127.0.0.1:1/0")  # type: ignore[arg-type]
+    # FalkorDB on that Redis too (in the cluster run make_settings would name the standalone one, which is up)
+    settings = make_settings(backend_urls, tmp_path, redis_url="redis://127.0.0.1:1/0",  # type: ignore[arg-type]
+                             falkordb_url=None)
     with anyio.fail_after(20):
         async with running(settings) as down:
             async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{down.port}") as http:
