@@ -100,6 +100,9 @@ async def login(browser: Browser, site: str, agent: str, namespace: str) -> str:
     return given
 
 
+TIME_OF = "return document.querySelector(`#timeline .row[data-seq=\"${arguments[0]}\"] .time`).textContent"
+
+
 def row(session_id: str) -> str:
     return f"#sessions .row[data-session='{session_id}']"
 
@@ -152,18 +155,36 @@ async def test_live_sessions_events_broken_and_handoff(site: str, daemon: Daemon
                                      ".map(r => [Number(r.dataset.seq), r.dataset.type])")
         assert seqs == [[1, "start"], [2, "modified"], [3, "modified"], [4, "modified"], [5, "modified"],
                         [6, "modified"]]
-        await alice.call("event.emit", {"sessionId": sid, "event": {"type": "broke", "impact": {
-            "severity": "high", "testsFailed": ["t1"]}, "stateTransition": {"from": "working", "to": "broken"}}})
-        await run(browser.wait, f"return document.querySelector(\"{row(sid)}\").dataset.state === 'broken'")
-        assert await run(browser.js, "return document.querySelector('#d-state').textContent") == "broken"
-        assert await run(browser.js, "return document.querySelector('#timeline .row[data-seq=\"7\"]').className") \
-            == "row ev transition broken"
-        await run(browser.screenshot, IMAGES / "dashboard-session.png")
-        await run(browser.click, "button[data-tab='handoff']")
-        advice = await run(browser.wait, "const a = document.querySelector('#advice'); return a && a.textContent")
-        handoff = await alice.call("bridge.handoff", {"sessionId": sid})
-        assert advice == handoff["joiningAdvice"] and advice.startswith("Broken at seq 7")
-        await run(browser.screenshot, IMAGES / "dashboard-handoff.png")
+        async with rpc(daemon.port, token("bob", namespace)) as bob:
+            # bob joins and holds fn:parse; alice's edit of it is a conflict (seq 7, its alert event seq 8).
+            await bob.call("session.join", {"sessionId": sid})
+            await alice.call("session.join", {"sessionId": sid})
+            lease = await bob.call("lease.acquire", {"entityIds": ["fn:parse"], "ttl": 600})
+            await alice.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "changeInfo": {
+                "elementType": "function", "entityIds": ["fn:parse"], "operation": "modified"}}})
+            await alice.call("event.emit", {"sessionId": sid, "event": {"type": "broke", "impact": {
+                "severity": "high", "testsFailed": ["t1"]}, "stateTransition": {"from": "working", "to": "broken"}}})
+            await run(browser.wait, f"return document.querySelector(\"{row(sid)}\").dataset.state === 'broken'")
+            assert await run(browser.js, "return document.querySelector('#d-state').textContent") == "broken"
+            assert await run(browser.js, "return document.querySelector('#timeline .row[data-seq=\"9\"]')"
+                                         ".className") == "row ev transition broken"
+            assert await run(browser.js, "return document.querySelector('#timeline .row[data-seq=\"8\"]')"
+                                         ".textContent") == \
+                f"8{await run(browser.js, TIME_OF, 8)}aliceconflictseq 7 touched fn:parse held by bob (exclusive)"
+            assert await run(browser.js, "return document.querySelector('#timeline .row[data-seq=\"8\"]')"
+                                         ".className") == "row ev conflict"
+            assert await run(browser.js, "return document.querySelector('#timeline .row[data-seq=\"7\"]')"
+                                         ".className") == "row ev conflicted"
+            await run(browser.wait, "return document.querySelector('#leases .line[data-agent=\"bob\"]')")
+            assert await run(browser.js, "return document.querySelector('#leases .line').dataset.lease") \
+                == lease["leaseId"]
+            await run(browser.wait, "return document.querySelectorAll('#presence .line[data-agent]').length === 3")
+            await run(browser.screenshot, IMAGES / "dashboard-session.png")
+            await run(browser.click, "button[data-tab='handoff']")
+            advice = await run(browser.wait, "const a = document.querySelector('#advice'); return a && a.textContent")
+            handoff = await alice.call("bridge.handoff", {"sessionId": sid})
+            assert advice == handoff["joiningAdvice"] and advice.startswith("Broken at seq 9")
+            await run(browser.screenshot, IMAGES / "dashboard-handoff.png")
 
 
 async def test_methods_the_daemon_lacks_show_not_available(site: str, daemon: Daemon, namespace: str,
@@ -185,6 +206,80 @@ async def test_methods_the_daemon_lacks_show_not_available(site: str, daemon: Da
         text = await run(browser.wait, "const t = document.querySelector('#conversation').textContent;"
                                        "return t !== 'loading…' && t")
         assert ("session.conversation" in methods) != (text == "not available on this daemon"), text
+
+
+PRESENCE = "return [...document.querySelectorAll('#presence .line[data-agent]')].map(l => [l.dataset.agent, l.dataset.status])"
+
+
+async def test_presence_shows_who_is_in_the_session_and_follows_joins_and_leaves(
+        site: str, daemon: Daemon, namespace: str, browser: Browser) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as alice, rpc(daemon.port, token("bob", namespace)) as bob:
+        sid = (await alice.call("session.create", {}))["sessionId"]
+        await alice.call("session.join", {"sessionId": sid})
+        await login(browser, site, "viewer", namespace)
+        await open_session(browser, sid)
+        # The viewer's own subscription makes it present too.
+        await run(browser.wait, PRESENCE + ".length === 2")
+        assert await run(browser.js, PRESENCE) == [["alice", "active"], ["viewer", "active"]]
+        assert "1 conn" in await run(browser.js, "return document.querySelector('#presence .line').textContent")
+        await bob.call("session.join", {"sessionId": sid})
+        await run(browser.wait, PRESENCE + ".length === 3")
+        assert await run(browser.js, PRESENCE) == [["alice", "active"], ["bob", "active"], ["viewer", "active"]]
+        await alice.call("session.leave", {"sessionId": sid})
+        await run(browser.wait, PRESENCE + ".length === 2")
+        assert await run(browser.js, PRESENCE) == [["bob", "active"], ["viewer", "active"]]
+
+
+LEASES = "return [...document.querySelectorAll('#leases .line[data-lease]')].map(l => [l.dataset.lease, l.dataset.agent])"
+
+
+async def test_leases_on_the_sessions_entities_show_and_new_ones_appear(
+        site: str, daemon: Daemon, namespace: str, browser: Browser) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as alice, rpc(daemon.port, token("bob", namespace)) as bob:
+        sid = (await alice.call("session.create", {"entityIds": ["fn:parse"]}))["sessionId"]
+        held = (await bob.call("lease.acquire", {"entityIds": ["fn:parse"], "ttl": 600}))["leaseId"]
+        await bob.call("lease.acquire", {"entityIds": ["fn:elsewhere"], "ttl": 600})  # not this session's
+        await login(browser, site, "viewer", namespace)
+        await open_session(browser, sid)
+        await run(browser.wait, LEASES + ".length === 1")
+        assert await run(browser.js, LEASES) == [[held, "bob"]]
+        line = await run(browser.js, "return document.querySelector('#leases .line').textContent")
+        assert line.startswith("fn:parse exclusive bob until "), line
+        # A lease taken for the session (on an entity it never named) shows at the next poll.
+        shared = (await alice.call("lease.acquire", {"entityIds": ["fn:other"], "ttl": 600, "mode": "shared",
+                                                     "sessionId": sid}))["leaseId"]
+        await run(browser.wait, LEASES + ".length === 2")
+        assert sorted(await run(browser.js, LEASES)) == sorted([[held, "bob"], [shared, "alice"]])
+        await bob.call("lease.release", {"leaseId": held})
+        await run(browser.wait, LEASES + ".length === 1")
+        assert await run(browser.js, LEASES) == [[shared, "alice"]]
+
+
+async def test_an_ingested_conversation_shows_its_blocks(site: str, daemon: Daemon, namespace: str,
+                                                        browser: Browser) -> None:
+    blocks = [
+        {"id": "u1", "kind": "user_message", "status": "complete", "content": "Fix the parser"},
+        {"id": "m1:0", "kind": "assistant_text", "status": "complete", "content": "Looking at parse()"},
+        {"id": "toolu_1", "kind": "tool_use", "status": "pending", "toolName": "Read", "input": {"path": "p.py"}},
+        {"id": "toolu_1", "kind": "tool_use", "status": "complete", "output": "def parse(): ..."},
+    ]
+    async with rpc(daemon.port, token("alice", namespace)) as alice:
+        sid = (await alice.call("session.create", {}))["sessionId"]
+        await alice.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"id": f"b{i}", "type": "block:upsert", "data": {"block": block}} for i, block in enumerate(blocks)]})
+        await login(browser, site, "viewer", namespace)
+        await open_session(browser, sid)
+        await run(browser.click, "button[data-tab='conversation']")
+        await run(browser.wait, "return document.querySelectorAll('#conversation .line[data-block]').length === 3")
+        shown = await run(browser.js, "return [...document.querySelectorAll('#conversation .line[data-block]')]"
+                                      ".map(l => [l.dataset.block, l.dataset.kind, l.dataset.status, l.textContent])")
+        assert shown == [
+            ["u1", "user_message", "complete", "user_message Fix the parser"],
+            ["m1:0", "assistant_text", "complete", "assistant_text Looking at parse()"],
+            ["toolu_1", "tool_use", "complete", 'tool_use Read({"path":"p.py"}) → def parse(): ...'],
+        ]
+        assert await run(browser.js, "return document.querySelector('#conversation > span').textContent") \
+            == "3 blocks"
 
 
 async def test_a_bad_token_is_refused_clearly(site: str, browser: Browser) -> None:

@@ -459,8 +459,8 @@ function fillEvent(row, item) {
   }
   const e = item.event;
   const kind = kindOf(e);
-  const broken = stateOf(e, "") === "broken" ? " broken" : "";
-  row.className = `row ev ${kind}${broken}${item.conflicted ? " conflicted" : ""}`;
+  const broken = stateOf(e, "") === "broken" ? "broken" : "";
+  row.className = ["row", "ev", kind, broken, item.conflicted ? "conflicted" : ""].filter(Boolean).join(" ");
   row.dataset.seq = String(item.seq);
   row.dataset.type = e.type;
   row.replaceChildren(span(String(item.seq), "num"), span(clock(e.timestamp), "dim time"), span(e.actor || "", "actor"),
