@@ -4,6 +4,7 @@ while Postgres cannot take them, across a daemon restart."""
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,9 +13,11 @@ import asyncpg
 import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
+from redis.crc import key_slot
 
 from memento_sessions import keys
-from memento_sessions.backends import Postgres, falkordb_client
+from memento_sessions.backends import Backends, Postgres, falkordb_client, is_cluster_client
+from memento_sessions.checkpoints.pending import Pending, PendingSnapshots, index_member
 from memento_sessions.checkpoints.snapshots import Snapshot, Snapshots
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
@@ -170,3 +173,26 @@ async def test_a_snapshot_postgres_cannot_take_waits_in_redis_and_a_new_daemon_s
     finally:
         await r.aclose()
         await anyio.to_thread.run_sync(postgres.stop)
+
+
+async def test_pending_entries_and_their_index_each_live_in_one_slot_and_flush_on_any_topology(
+        backends: Backends, namespace: str) -> None:
+    """put writes the session's hash (one MULTI on one key) and then the global index: on a Redis Cluster these
+    are two slots, so no transaction or script may span them; put, entries and flush work there as on one Redis."""
+    store, index = PendingSnapshots(backends.redis, 3600), keys.pending_snapshot_index()
+    sessions = ["s-a", "s-b"]
+    if is_cluster_client(backends.redis):
+        assert len({key_slot(index.encode()), *(key_slot(keys.pending_snapshots(namespace, s).encode())
+                                                for s in sessions)}) == 3
+    made = [Pending(namespace, sid, f"cp/{namespace}/e/{sid}/2", "e", 0, 2, "broken",
+                    [{"seq": 1, "type": "start"}, {"seq": 2, "type": "broke"}], datetime.now(UTC)) for sid in sessions]
+    for pending in made:
+        await store.put(pending)
+    assert [await store.entries(namespace, sid) for sid in sessions] == [[made[0]], [made[1]]]
+    assert 0 < await backends.redis.ttl(keys.pending_snapshots(namespace, "s-a")) <= 3600
+    assert {index_member(namespace, sid) for sid in sessions} <= set(await backends.redis.zrange(index, 0, -1))
+    assert await store.flush(Snapshots(backends.postgres)) >= 2  # other tests' leftovers may be stored too
+    assert [await store.entries(namespace, sid) for sid in sessions] == [[], []]
+    assert not {index_member(namespace, sid) for sid in sessions} & set(await backends.redis.zrange(index, 0, -1))
+    rows = await rows_of(backends.postgres.dsn or "", namespace, "s-a")
+    assert [(r["checkpointId"], r["range"], r["seqs"]) for r in rows] == [(made[0].checkpoint_id, (0, 2), [1, 2])]
