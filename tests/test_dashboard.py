@@ -7,6 +7,7 @@ Until the daemon's app mounts the dashboard's routes, `site` serves them beside 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import statistics
 import time
@@ -103,6 +104,27 @@ async def login(browser: Browser, site: str, agent: str, namespace: str) -> str:
 TIME_OF = "return document.querySelector(`#timeline .row[data-seq=\"${arguments[0]}\"] .time`).textContent"
 
 
+async def stage_activity(browser: Browser, peer: RpcSocket, session_ids: list[str] | None = None) -> None:
+    """For the docs' screenshots only: events over a few polls, so the activity chart shows a rate, not a flat line.
+
+    Every presence line waits for its counts too (a live join is shown at once, its counts a read later).
+    """
+    if os.environ.get("MEMENTO_SCREENSHOTS") != "1":
+        return
+    targets = session_ids or [(await peer.call("session.create", {}))["sessionId"]]
+    deadline = time.monotonic() + 7
+    for n in range(1000):
+        if time.monotonic() > deadline:
+            break
+        count = 5 + (n * 7) % 23  # an uneven rate draws a line worth looking at
+        batch = [{"type": "modified"}] * count
+        await peer.call("event.emitBatch", {"sessionId": targets[n % len(targets)], "events": batch})
+        await anyio.sleep(0.1)
+    await run(browser.wait, "return Number(document.querySelector('#chart').dataset.samples) >= 3", timeout=10)
+    await run(browser.wait, "return [...document.querySelectorAll('#presence .line[data-agent]')]"
+                            ".every(l => l.textContent.includes('conn'))")
+
+
 def row(session_id: str) -> str:
     return f"#sessions .row[data-session='{session_id}']"
 
@@ -179,6 +201,7 @@ async def test_live_sessions_events_broken_and_handoff(site: str, daemon: Daemon
             assert await run(browser.js, "return document.querySelector('#leases .line').dataset.lease") \
                 == lease["leaseId"]
             await run(browser.wait, "return document.querySelectorAll('#presence .line[data-agent]').length === 3")
+            await stage_activity(browser, alice)
             await run(browser.screenshot, IMAGES / "dashboard-session.png")
             await run(browser.click, "button[data-tab='handoff']")
             advice = await run(browser.wait, "const a = document.querySelector('#advice'); return a && a.textContent")
@@ -226,6 +249,8 @@ async def test_presence_shows_who_is_in_the_session_and_follows_joins_and_leaves
         await bob.call("session.join", {"sessionId": sid})
         await run(browser.wait, PRESENCE + ".length === 3")
         assert await run(browser.js, PRESENCE) == [["alice", "active"], ["bob", "active"], ["viewer", "active"]]
+        # Shown at once from the notification; the read that follows fills in bob's connections.
+        await run(browser.wait, "return document.querySelectorAll('#presence .line')[1].textContent.includes('1 conn')")
         await alice.call("session.leave", {"sessionId": sid})
         await run(browser.wait, PRESENCE + ".length === 2")
         assert await run(browser.js, PRESENCE) == [["bob", "active"], ["viewer", "active"]]
@@ -318,6 +343,25 @@ async def test_reconnects_with_a_banner_and_resumes_by_seq(site: str, daemon: Da
         assert await run(browser.js, "return document.querySelector('#banner').hidden") is True
 
 
+async def test_a_burst_of_new_sessions_does_not_hold_back_the_poll(site: str, daemon: Daemon, namespace: str,
+                                                                  browser: Browser) -> None:
+    # Every creation is announced and brings the next poll forward; announcements closer together than that
+    # must not postpone it again and again: the other sessions' seqs keep updating during the burst.
+    async with rpc(daemon.port, token("alice", namespace)) as alice, rpc(daemon.port, token("bob", namespace)) as bob:
+        sid = (await bob.call("session.create", {}))["sessionId"]
+        await login(browser, site, "viewer", namespace)
+        await run(browser.type, "#f-agent", "bob")  # bob's session stays on screen above alice's new ones
+        await run(browser.wait, f"return document.querySelector(\"{row(sid)}\")")
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            await alice.call("session.create", {})
+            await bob.call("event.emit", {"sessionId": sid, "event": {"type": "modified"}})
+            await anyio.sleep(0.1)
+        # Read while the burst has only just ended: the row shows a seq some poll during it read.
+        shown = int(await run(browser.js, f"return document.querySelector(\"{row(sid)}\").dataset.seq"))
+    assert shown >= 10, shown
+
+
 def cut_viewer(daemon: Daemon) -> int:
     """Close the viewer's WebSocket from the daemon's side; the number of connections closed."""
     gateway: Any = daemon.gateway
@@ -401,5 +445,6 @@ async def test_a_thousand_sessions_and_a_ten_thousand_event_timeline_keep_a_fixe
         assert ticks < 100
         await alice.call("event.emit", {"sessionId": ids[-2], "event": {"type": "broke"}})
         await run(browser.wait, "return document.querySelector('#broken').textContent === '1'", timeout=10)
+        await stage_activity(browser, alice, ids[:5])
         await run(browser.screenshot, IMAGES / "dashboard-sessions.png")
     assert json.dumps(ids)  # the ids were real strings

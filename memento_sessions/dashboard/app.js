@@ -186,6 +186,7 @@ const app = {
   attempt: 0,
   retryTimer: 0,
   pollTimer: 0,
+  pollAt: 0,             // performance.now() when the scheduled poll runs
   sessions: new Map(),   // sessionId -> session view (replaced, never mutated, so rows redraw on change)
   order: [],             // sessionIds newest first, as session.list gives them
   filter: { state: "", status: "", agent: "" },
@@ -262,8 +263,18 @@ function sample() {
 }
 
 function schedulePoll(delay = POLL_MS) {
+  // Only ever brought forward: a burst of announcements (one per created session) must not keep pushing
+  // the next poll back, or states and seqs would freeze for as long as the burst lasts.
+  const at = performance.now() + delay;
+  if (app.pollTimer && app.pollAt <= at) return;
+  stopPoll();
+  app.pollAt = at;
+  app.pollTimer = setTimeout(() => { app.pollTimer = 0; poll(); }, delay);
+}
+
+function stopPoll() {
   clearTimeout(app.pollTimer);
-  app.pollTimer = setTimeout(poll, delay);
+  app.pollTimer = 0;
 }
 
 async function poll() {
@@ -625,18 +636,60 @@ function drawChart() {
   g.setTransform(ratio, 0, 0, ratio, 0, 0);
   g.clearRect(0, 0, width, height);
   const pts = app.samples;
-  const top = Math.max(1, ...pts.map((p) => p.rate), ...pts.map((p) => p.broken));
-  const step = width / (CHART_POINTS - 1);
-  const x0 = width - (pts.length - 1) * step;
-  const y = (v) => height - 4 - (v / top) * (height - 12);
-  g.fillStyle = "rgba(229, 72, 77, 0.55)";
-  pts.forEach((p, i) => { const h = height - 4 - y(p.broken); g.fillRect(x0 + i * step - 2, height - 4 - h, 4, h); });
+  canvas.dataset.samples = String(pts.length);
+  canvas.dataset.rates = pts.map((p) => p.rate.toFixed(1)).join(" ");  // what the line draws, for a reader
+  gridlines(g, width, height);
+  if (!pts.length) {
+    // The first rate needs two polls: say so rather than show an empty box.
+    g.fillStyle = "#8a93a3";
+    g.fillText("measuring…", 8, height / 2);
+  } else {
+    const step = width / (CHART_POINTS - 1);
+    const xs = pts.map((_, i) => width - 6 - (pts.length - 1 - i) * step);
+    brokenBars(g, pts, xs, height);
+    rateLine(g, pts, xs, height);
+  }
+  setText("#rate", (pts.length ? pts[pts.length - 1].rate : 0).toFixed(1));
+}
+
+function gridlines(g, width, height) {
+  g.font = "11px system-ui, sans-serif";
+  g.strokeStyle = "#262c36";
+  g.lineWidth = 1;
+  for (const f of [0.25, 0.5, 0.75, 1]) {
+    const at = Math.round(4 + (height - 8) * f) + 0.5;
+    g.beginPath(); g.moveTo(0, at); g.lineTo(width, at); g.stroke();
+  }
+}
+
+function brokenBars(g, pts, xs, height) {
+  // Their own scale (the broken count is not a rate): the highest count fills 40% of the height.
+  const most = Math.max(1, ...pts.map((p) => p.broken));
+  g.fillStyle = "rgba(229, 72, 77, 0.6)";
+  pts.forEach((p, i) => {
+    const h = (p.broken / most) * (height - 8) * 0.4;
+    if (h) g.fillRect(xs[i] - 2, height - 4 - h, 4, h);
+  });
+}
+
+function rateLine(g, pts, xs, height) {
+  const top = Math.max(1, ...pts.map((p) => p.rate)) * 1.1;
+  const y = (v) => height - 4 - (v / top) * (height - 8);
+  g.beginPath();
+  pts.forEach((p, i) => (i ? g.lineTo(xs[i], y(p.rate)) : g.moveTo(xs[i], y(p.rate))));
   g.strokeStyle = "#4f9dff";
   g.lineWidth = 2;
-  g.beginPath();
-  pts.forEach((p, i) => (i ? g.lineTo(x0 + i * step, y(p.rate)) : g.moveTo(x0 + i * step, y(p.rate))));
   g.stroke();
-  setText("#rate", (pts.length ? pts[pts.length - 1].rate : 0).toFixed(1));
+  g.lineTo(xs[xs.length - 1], height - 4);
+  g.lineTo(xs[0], height - 4);
+  g.closePath();
+  g.fillStyle = "rgba(79, 157, 255, 0.15)";
+  g.fill();
+  const last = pts[pts.length - 1];
+  g.fillStyle = "#4f9dff";
+  g.beginPath(); g.arc(xs[xs.length - 1], y(last.rate), 3, 0, 2 * Math.PI); g.fill();
+  g.fillStyle = "#8a93a3";
+  g.fillText(`${Math.round(top / 1.1)}/s`, 4, 12);
 }
 
 // ---------------------------------------------------------------- render (once per frame)
@@ -701,7 +754,7 @@ function banner(text) {
 
 function showLogin(message) {
   clearTimeout(app.retryTimer);
-  clearTimeout(app.pollTimer);
+  stopPoll();
   if (app.rpc) app.rpc.close();
   app.rpc = null;
   app.token = null;
@@ -749,7 +802,7 @@ async function opened() {
 }
 
 async function closed(code, wasOpen) {
-  clearTimeout(app.pollTimer);
+  stopPoll();
   if (code === 4001) { showLogin("Token expired: paste a fresh one."); return; }
   if (!wasOpen && await daemonUp()) {
     // The handshake failed while the daemon answers HTTP: it refused the token (HTTP 401). A browser never
