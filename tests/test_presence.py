@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import time
+import warnings
 from pathlib import Path
 
 import anyio
@@ -11,8 +13,11 @@ import pytest
 
 from memento_sessions import keys
 from memento_sessions.backends import Backends
+from memento_sessions.coordination.presence import Conn, Presence, now_ms
+from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
+from memento_sessions.settings import Settings
 from tests.helpers import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 from tests.test_leases import two_daemons
@@ -106,3 +111,26 @@ async def test_the_agents_of_a_daemon_that_stopped_beating_are_gone(daemon: Daem
         agents = (await a.call("presence.get", {"sessionId": sid}))["agents"]
         assert [(x["agentId"], x["status"], x["connections"]) for x in agents] == [("a", "active", 1),
                                                                                   ("alive", "idle", 2)]
+
+
+class _Hung:
+    """A connection's identity only (the presence bookkeeping reads nothing else of a closed peer)."""
+
+    conn_id = "c-shutdown"
+
+
+async def test_a_connection_closed_when_no_task_can_start_leaves_no_unawaited_presence_write(
+        backends: Backends, settings: Settings, namespace: str) -> None:
+    """Before the coordination task group starts and after it ends (a stopping daemon) presence has no way to
+    run work: the update of a connection closing then is dropped whole. It used to be created anyway and never
+    awaited: a RuntimeWarning, an error under the suite's -W error."""
+    presence = Presence(CoordStore(backends.redis), settings, "d-shutdown")
+    conn = Conn(namespace, "agent-s", _Hung(), now_ms(), {"s-1"})  # type: ignore[arg-type]
+    presence.conns[conn.peer.conn_id] = conn
+    assert presence.spawn is None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        presence._closed(conn)
+        gc.collect()
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+    assert presence.conns == {}

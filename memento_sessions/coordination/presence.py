@@ -76,7 +76,7 @@ class Presence:
         conn.last_request = now_ms()
         if conn.idle:
             conn.idle = False
-            self._later(self._publish_all(conn, "active"))
+            self._later(lambda: self._publish_all(conn, "active"))
         return conn
 
     def connect(self, call: Call) -> Conn:
@@ -107,7 +107,7 @@ class Presence:
         if self.conns.pop(conn.peer.conn_id, None) is None:
             return
         sessions, conn.sessions = conn.sessions, set()
-        self._later(self._leave_all(conn, sessions))
+        self._later(lambda: self._leave_all(conn, sessions))
 
     async def _leave_all(self, conn: Conn, sessions: set[str]) -> None:
         await self.store.command("ZADD", keys.lease_keys(conn.namespace).alive, "GT", now_ms(), conn.agent)
@@ -163,10 +163,12 @@ class Presence:
         for session_id in list(conn.sessions):
             await self._publish(conn.namespace, session_id, conn.agent, status)
 
-    def _later(self, work: Awaitable[None]) -> None:
+    def _later(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run `work()` in the coordination task group. The coroutine is made only once a task runs it: with no
+        task group (before run, after it ends at shutdown) the update is dropped, never left unawaited."""
         async def run() -> None:
             try:
-                await work
+                await work()
             except UNAVAILABLE as exc:
                 log.warning("presence update lost: Redis unavailable", error=repr(exc))
         if self.spawn is not None:

@@ -42,11 +42,14 @@ class Coordination:
             await self.store.load()
         except UNAVAILABLE as exc:
             log.warning("coordination library not loaded yet; Redis unavailable", error=repr(exc))
-        async with anyio.create_task_group() as tg:
-            self.presence.spawn = lambda work: tg.start_soon(work)
-            tg.start_soon(self.presence.heartbeat)
-            tg.start_soon(self.leases.reaper)
-            task_status.started()
+        try:
+            async with anyio.create_task_group() as tg:
+                self.presence.spawn = lambda work: tg.start_soon(work)
+                tg.start_soon(self.presence.heartbeat)
+                tg.start_soon(self.leases.reaper)
+                task_status.started()
+        finally:
+            self.presence.spawn = None  # connections closing after this (shutdown) start no task in a dead group
 
     async def seen(self, call: Call) -> Conn | None:
         """Note a request; a connection's first one starts its presence and its mailbox push."""
