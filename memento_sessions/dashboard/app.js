@@ -8,6 +8,7 @@ const OVERSCAN = 8;        // rows drawn above and below the viewport
 const LIST_PAGE = 500;     // session.list's largest page
 const MAX_PAGES = 100;     // a namespace holds at most MEMENTO_NAMESPACE_MAX_SESSIONS; stop well past any default
 const POLL_MS = 2000;      // sessions.watch announces creations and checkpoints only: states and seqs are polled
+const MIN_POLL_GAP = 1000; // ms between two polls however many announcements arrive
 const MAX_EVENTS = 100000; // timeline events kept in memory (MEMENTO_SESSION_MAX_EVENTS' default)
 const CHART_POINTS = 90;
 const $ = (sel) => document.querySelector(sel);
@@ -265,11 +266,13 @@ function sample() {
 function schedulePoll(delay = POLL_MS) {
   // Only ever brought forward: a burst of announcements (one per created session) must not keep pushing
   // the next poll back, or states and seqs would freeze for as long as the burst lasts.
-  const at = performance.now() + delay;
+  // Nor closer than MIN_POLL_GAP to the last one: a namespace busy with checkpoints announces many a second.
+  const now = performance.now();
+  const at = Math.max(now + delay, (app.lastPoll ? app.lastPoll.at : 0) + MIN_POLL_GAP);
   if (app.pollTimer && app.pollAt <= at) return;
   stopPoll();
   app.pollAt = at;
-  app.pollTimer = setTimeout(() => { app.pollTimer = 0; poll(); }, delay);
+  app.pollTimer = setTimeout(() => { app.pollTimer = 0; poll(); }, at - now);
 }
 
 function stopPoll() {
