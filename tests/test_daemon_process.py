@@ -80,6 +80,7 @@ def serve(tmp_path: Path) -> Iterator[Serve]:
     if daemon.proc.poll() is None:
         daemon.proc.kill()
         daemon.proc.wait()
+    daemon.log.close()
 
 
 def alive(pid: int) -> bool:
@@ -158,6 +159,7 @@ def test_sigterm_stops_everything_and_a_restart_reuses_the_data(serve: Serve, tm
 
     second = Serve(serve.data_dir)
     assert second.proc.wait(timeout=60) == 2
+    second.log.close()  # left open, it was an unraisable ResourceWarning failing a later test under -W error
     assert "is in use by another memento-sessions daemon" in (tmp_path / f"serve-{second.port}.log").read_text()
     assert readyz(serve.port)[0] == 200, "the second daemon disturbed the first"
 
