@@ -83,7 +83,7 @@ class LocalCluster:
     def _answers(self, port: int) -> bool:
         try:
             with self.client(port) as node:
-                return node.ping() and node.info("persistence")["loading"] == 0
+                return bool(node.ping() and node.info("persistence")["loading"] == 0)
         except (redis.RedisError, OSError):
             return False
 

@@ -63,7 +63,7 @@ def _cluster_aware_from_url() -> None:
 
     def from_url(cls: type[aioredis.Redis], url: str, **kwargs: Any) -> aioredis.Redis:
         if not url.startswith("redis+cluster://"):
-            return plain(cls, url, **kwargs)
+            return cast(aioredis.Redis, plain(cls, url, **kwargs))
         # bytes unless asked otherwise, as from_url gives them on a single Redis
         client: Any = cluster_client(ClusterUrl.parse(url), decode_responses=kwargs.get("decode_responses", False))
         # CLIENT KILL reaches every node (the tests cut the daemon's connections, wherever they are).
@@ -71,7 +71,7 @@ def _cluster_aware_from_url() -> None:
         client.result_callbacks["CLIENT KILL"] = lambda command, replies, **kw: sum(replies.values())
         return cast(aioredis.Redis, client)
 
-    aioredis.Redis.from_url = classmethod(from_url)  # type: ignore[assignment,method-assign]
+    aioredis.Redis.from_url = classmethod(from_url)  # type: ignore[assignment,method-assign,arg-type]
 
 
 if TOPOLOGY == "cluster":
@@ -82,7 +82,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The cluster run skips the topology-independent tests; the single run skips test_cluster when told
     to (scripts/test runs it in the cluster run only)."""
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        found = getattr(item, "module", None)
+        module = found.__name__.rsplit(".", 1)[-1] if found else ""
         independent = module in TOPOLOGY_INDEPENDENT or item.get_closest_marker("topology_independent")
         if TOPOLOGY == "cluster" and independent:
             item.add_marker(pytest.mark.skip(reason="topology-independent: runs in the single-Redis run"))

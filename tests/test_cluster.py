@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call"
 """A Redis Cluster of three primaries under the daemon: slots, sharded pub/sub across daemons, a restarted
 primary, MOVED/ASK during a slot migration, and URL errors found before anything starts.
 
