@@ -13,6 +13,7 @@ from falkordb.asyncio import FalkorDB
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -26,8 +27,8 @@ log = get_logger(__name__)
 
 # Errors that mean "a backend did not answer": retried where safe, else reported as -32050.
 UNAVAILABLE: tuple[type[BaseException], ...] = (
-    RedisConnectionError, RedisTimeoutError, OSError, asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
+    RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, OSError,
+    asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 )
 
 

@@ -202,3 +202,17 @@ async def test_a_reply_the_spin_cannot_parse_fails_the_call_and_the_next_call_re
         await pipe.call("PING")
     assert await pipe.call("PING") == "PONG", "a new connection, with a real parser"
     pipe.close()
+
+
+@pytest.mark.parametrize("reply", ["LOADING Redis is loading the dataset in memory", "CLUSTERDOWN The cluster is down",
+                                   "TRYAGAIN Multiple keys request during rehashing of slot"])
+def test_a_redis_that_cannot_serve_now_raises_an_unavailability_error_from_the_pipe(reply: str) -> None:
+    """Every background loop and the RPC layer treat these as 'backend unavailable, try again'; raised raw, a
+    CLUSTERDOWN during a failover escaped the lease reaper and stopped the daemon."""
+    from redis.exceptions import ResponseError
+
+    from memento_sessions.backends import UNAVAILABLE
+    from memento_sessions.redisio.pipe import not_answering
+
+    assert isinstance(not_answering(ResponseError(reply)), UNAVAILABLE)
+    assert not isinstance(not_answering(ResponseError("ERR unknown command")), UNAVAILABLE)

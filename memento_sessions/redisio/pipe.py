@@ -22,8 +22,8 @@ from typing import Any, cast
 
 import anyio
 import hiredis
+from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.logs import get_logger
@@ -141,7 +141,7 @@ class _Protocol(asyncio.Protocol):
             self.progress_at = asyncio.get_running_loop().time()
             if not future.done():  # a caller that gave up (timeout, cancel) is skipped in order
                 if isinstance(reply, ResponseError):
-                    future.set_exception(reply)
+                    future.set_exception(not_answering(reply))
                 else:
                     future.set_result(reply)
 
@@ -216,3 +216,14 @@ class Pipe:
         protocol, self._protocol = self._protocol, None
         if protocol is not None:
             protocol.close()
+
+
+# Replies of a Redis that is up but cannot serve now: loading its data, busy in a script, a replica without
+# its primary, a cluster without a slot's owner or mid-rehash. They mean "unavailable, try again", not a bad
+# command: as BusyLoadingError (a ConnectionError) every caller's unavailability handling covers them.
+NOT_ANSWERING = ("LOADING", "BUSY", "MASTERDOWN", "TRYAGAIN", "CLUSTERDOWN")
+
+
+def not_answering(reply: ResponseError) -> ResponseError | BusyLoadingError:
+    """The error a reply raises: a BusyLoadingError for the replies of a Redis that cannot serve now."""
+    return BusyLoadingError(str(reply)) if str(reply).startswith(NOT_ANSWERING) else reply
