@@ -16,7 +16,7 @@ from typing import TypeVar
 
 import hiredis
 
-from memento_sessions.redisio.resp import Address, connect
+from memento_sessions.redisio.resp import Address, connect, pack
 
 # An event's numbers are at most 1e12, and perf_counter_ns passes that after 17 minutes of uptime: the
 # sender embeds its clock modulo WRAP (1,000 s), far longer than any latency measured.
@@ -183,6 +183,10 @@ class LeanPubSub(Receiver):
         now = time.perf_counter_ns()
         self.reader.feed(data)
         while (reply := self.reader.gets()) is not False:
+            if isinstance(reply, hiredis.ReplyError) and not self.subscribed.done():
+                self.subscribed.set_exception(RuntimeError(f"Redis refused the floor's subscriber: {reply}"))
+            if not isinstance(reply, list):
+                continue
             if reply[0] == b"subscribe" and not self.subscribed.done():
                 self.subscribed.set_result(None)
             elif reply[0] == b"message":
@@ -192,8 +196,11 @@ class LeanPubSub(Receiver):
 async def lean_pubsub(url: str, channel: str, samples: list[float], count: int) -> LeanPubSub:
     """Connect (as the daemon's pub/sub connection does, TCP or unix socket) and SUBSCRIBE; returns once
     Redis confirmed."""
-    proto = await connect(Address.parse(url), lambda: LeanPubSub(samples, count))
+    address = Address.parse(url)
+    proto = await connect(address, lambda: LeanPubSub(samples, count))
     assert proto.transport is not None
-    proto.transport.write(f"*2\r\n$9\r\nSUBSCRIBE\r\n${len(channel)}\r\n{channel}\r\n".encode())
+    if address.auth:  # the embedded Redis has a password: AUTH first, its +OK is not a list and is skipped
+        proto.transport.write(pack(("AUTH", *address.auth)))
+    proto.transport.write(pack(("SUBSCRIBE", channel)))
     await proto.subscribed
     return proto
