@@ -166,9 +166,9 @@ class Fanout:
                 self._subscriber.command("UNSUBSCRIBE", channel)
 
     def spawn(self, func: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run background work (a listener's catch-up) in the fan-out's task group."""
+        """Run background work (a listener's catch-up, a shard's connection) in the fan-out's task group."""
         if self._tg is not None:
-            self._tg.start_soon(func)
+            self._tg.start_soon(contained, func)
 
     async def aclose(self) -> None:
         """Close the connections; safe twice."""
@@ -191,3 +191,12 @@ def per_message(read: Callable[[str], T]) -> Callable[[str], T]:
         return last
 
     return once
+
+
+async def contained(func: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run one background task; its failure is logged and ends it alone. Raised into the fan-out's task
+    group it would end the group, and every later subscribe on the daemon would fail (seen on a cluster)."""
+    try:
+        await func()
+    except Exception:
+        log.exception("fan-out task failed")
