@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     import asyncpg
     from asyncpg.pool import PoolConnectionProxy
 
+    from memento_sessions.backends import Postgres
+
     Connection = PoolConnectionProxy[asyncpg.Record]
 
 log = get_logger(__name__)
@@ -49,3 +51,10 @@ async def apply(conn: Connection, version: int, statements: tuple[str, ...]) -> 
         await conn.execute(statement)
     await conn.execute(RECORD_VERSION, version)
     log.info("postgres schema migrated", version=version)
+
+
+async def migrate(postgres: Postgres, migrations: Sequence[Migration]) -> None:
+    """Apply a store's missing migrations in one transaction on the daemon's Postgres."""
+    pool = await postgres.pool()
+    async with pool.acquire() as conn, conn.transaction():
+        await apply_missing(conn, migrations)

@@ -21,7 +21,7 @@ from memento_sessions.backends import UNANSWERED, Postgres
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS, FAILURE_SNAPSHOTS
-from memento_sessions.migrations import LOCK_SCHEMA, SCHEMA_LOCK, apply_missing
+from memento_sessions.migrations import LOCK_SCHEMA, SCHEMA_LOCK, migrate
 from memento_sessions.retry import retry
 
 log = get_logger(__name__)
@@ -140,9 +140,7 @@ class Snapshots:
         """Create or upgrade the schema; safe while another daemon does the same."""
         if self._migrated:
             return
-        pool = await self.postgres.pool()
-        async with pool.acquire() as conn, conn.transaction():
-            await apply_missing(conn, MIGRATIONS)
+        await migrate(self.postgres, MIGRATIONS)
         today = datetime.now(UTC).date()
         await self.create_partition(today)
         await self.create_partition(today + timedelta(days=1))

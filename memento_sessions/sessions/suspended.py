@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from memento_sessions.backends import Postgres
-from memento_sessions.migrations import apply_missing
+from memento_sessions.migrations import migrate
 
 # Versions from 101 up: the failure snapshots' migrations count from 1 in the same table.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -92,9 +92,7 @@ class SuspendedStore:
         """Create or upgrade the table; safe while another daemon does the same."""
         if self._migrated:
             return
-        pool = await self.postgres.pool()
-        async with pool.acquire() as conn, conn.transaction():
-            await apply_missing(conn, MIGRATIONS)
+        await migrate(self.postgres, MIGRATIONS)
         self._migrated = True
 
     async def put(self, row: Suspended) -> None:
