@@ -70,6 +70,20 @@ async def test_subscribe_replays_then_goes_live_in_order(daemon: Daemon, namespa
         assert (await b.error("session.subscribe", {"sessionId": "missing"}))["code"] == -32004
 
 
+async def test_the_subscribe_reply_comes_before_the_first_replayed_event(daemon: Daemon, namespace: str) -> None:
+    """Wrappers that await after the handler (presence) must not let the replay overtake the reply."""
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("event.emitBatch", {"sessionId": sid, "events": [{"type": "modified"}] * 50})
+        for attempt in range(20):
+            async with rpc(daemon.port, token(f"reader{attempt}", namespace)) as reader:
+                reply = await reader.request("session.subscribe", {"sessionId": sid, "since": 0})
+                assert reply["result"]["seq"] == 50
+                early = [n["method"] for n in reader.notifications if n["method"] == "session.event"]
+                assert early == [], f"attempt {attempt}: {len(early)} events arrived before the reply"
+                assert await events_until(reader, 50) == list(range(1, 51))
+
+
 async def test_replay_while_events_keep_arriving_has_no_gap_and_no_duplicate(daemon: Daemon,
                                                                              namespace: str) -> None:
     async with rpc(daemon.port, token("a", namespace)) as a:

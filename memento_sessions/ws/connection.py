@@ -46,6 +46,7 @@ class Connection:
         self._wakeup = anyio.Event()
         self._drained = anyio.Event()
         self._cleanups: list[Callable[[], None]] = []
+        self._after_reply: list[Callable[[], None]] = []
         self.close_code: int | None = None
         self.close_reason = ""
 
@@ -105,6 +106,17 @@ class Connection:
     def on_close(self, cleanup: Callable[[], None]) -> None:
         """Run `cleanup` when the connection ends (the subscriptions register one per connection)."""
         self._cleanups.append(cleanup)
+
+    def after_reply(self, start: Callable[[], None]) -> None:
+        """Run `start` once the reply to the request being handled is queued: a method's wrappers may
+        still await after its handler returns, and a replay must not overtake the reply."""
+        self._after_reply.append(start)
+
+    def replied(self) -> None:
+        """The current request is answered: start what waited for its reply."""
+        started, self._after_reply = self._after_reply, []
+        for start in started:
+            start()
 
     def close(self, code: int, reason: str = "") -> None:
         """Ask the writer to send a close frame after what is queued; safe to call twice."""

@@ -91,6 +91,7 @@ class Gateway:
             reply = await handle_frame(self.registry, call, frame, bucket)
             if reply is not None:
                 conn.notify(reply.decode())
+            conn.replied()
 
     def shutdown(self) -> None:
         """Stop accepting and close every connection with 1001 (going away)."""

@@ -46,6 +46,9 @@ class Feed(Protocol):
     def on_close(self, cleanup: Callable[[], None]) -> None:
         """Run `cleanup` when the connection ends."""
 
+    def after_reply(self, start: Callable[[], None]) -> None:
+        """Run `start` once the reply to the current request is queued."""
+
     def hold(self, nbytes: int) -> bool:
         """Count held-back bytes against the send buffer; False when the client was closed for it."""
 
@@ -259,8 +262,8 @@ class Subscriptions:
             # The events up to the compacted seq are gone: answer with the snapshot that stands for them and
             # replay what is stored after it, never a history with a silent hole.
             recovered, sub.last_seq = False, int(snapshot["seq"])
-        # No await between here and the reply: the reply is queued before the first replayed event.
-        sub.fanout.spawn(sub.catch_up)
+        # The replay starts once the reply is queued, so the client has it before the first replayed event.
+        sub.peer.after_reply(lambda: sub.fanout.spawn(sub.catch_up))
         reply: Result = {"seq": seq, "epoch": epoch, "recovered": recovered}
         if snapshot is not None and not recovered and sub.last_seq == snapshot["seq"]:
             reply["snapshot"] = snapshot
