@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
 import anyio
 import asyncpg
 import pytest
@@ -9,11 +12,12 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.backends import Backends
-from memento_sessions.server.daemon import Daemon
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
-from tests.helpers import token
+from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -162,7 +166,7 @@ async def test_on_idle_suspend_moves_a_session_to_postgres_before_redis_expires_
             await r.pexpire(key, 30_000)  # idle: well inside the margin
         assert daemon.services is not None
         service = LifecycleService(daemon.services.manager, daemon.services.backends)
-        assert await service.suspend_idle() >= 1
+        assert (await service.move())[0] >= 1
         assert await r.exists(skeys.session) == 0
         assert await stored_rows(daemon.settings.postgres_dsn or "", namespace) == [(sid, 1, "suspended")]
         bad = await peer.error("session.create", {"onIdle": "sleep"})
@@ -230,3 +234,104 @@ WAITING_ON_THE_TABLE = ("SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_b
                         "AND wait_event_type = 'Lock' AND query ILIKE '%suspended_sessions%'")
 TERMINATE_WAITING = ("SELECT bool_and(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
                      "AND wait_event_type = 'Lock' AND query ILIKE '%suspended_sessions%'")
+
+
+async def test_get_of_a_suspended_session_reads_it_from_postgres(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"type": {3: "broke", 10: "test_pass"}.get(i, "modified"), "changeInfo": {"entityIds": [f"fn:{i % 3}"]}}
+            for i in range(11)]})
+        await peer.call("session.checkpoint", {"sessionId": sid})  # compaction keeps what a checkpoint needs
+        assert (await peer.call("session.compact", {"sessionId": sid, "beforeSeq": 4}))["compactedSeq"] == 4
+        live = await peer.call("session.get", {"sessionId": sid})
+        condensed = await peer.call("session.get", {"sessionId": sid, "condensed": True})
+        assert condensed["counts"] == {"start": 1, "modified": 9, "broke": 1, "test_pass": 1}  # compacted ones too
+        at6 = await peer.call("session.get", {"sessionId": sid, "atSeq": 6})
+        await peer.call("session.suspend", {"sessionId": sid})
+        got = await peer.call("session.get", {"sessionId": sid})
+        assert got["session"]["status"] == "suspended" and got["session"]["expiresAt"] is None
+        assert got["session"]["seq"] == 12 and got["session"]["compactedSeq"] == 4 and "suspendedAt" in got["session"]
+        assert got["events"] == live["events"] and [e["seq"] for e in got["events"]] == list(range(5, 13))
+        assert got["snapshot"] == live["snapshot"] and got["snapshot"]["seq"] == 4  # below compactedSeq: no hole
+        first = await peer.call("session.get", {"sessionId": sid, "since": 4, "limit": 5})
+        assert [e["seq"] for e in first["events"]] == [5, 6, 7, 8, 9] and first["nextSince"] == 9
+        assert "snapshot" not in first
+        rest = await peer.call("session.get", {"sessionId": sid, "since": 9, "limit": 5})
+        assert [e["seq"] for e in rest["events"]] == [10, 11, 12] and "nextSince" not in rest
+        stored = await peer.call("session.get", {"sessionId": sid, "condensed": True})
+        for name in ("counts", "entities", "transitions", "perfDelta", "state"):
+            assert stored.get(name) == condensed.get(name), name
+        stored_at6 = await peer.call("session.get", {"sessionId": sid, "atSeq": 6})
+        assert {k: v for k, v in stored_at6.items() if k != "session"} == {
+            k: v for k, v in at6.items() if k != "session"}
+        assert stored_at6["session"]["state"] == at6["session"]["state"] == "broken"
+        beyond = await peer.error("session.get", {"sessionId": sid, "atSeq": 13})
+        assert beyond["code"] == -32602 and beyond["data"][0]["field"] == "atSeq"
+        gone = await peer.error("session.get", {"sessionId": sid, "atSeq": 2})
+        assert gone["code"] == -32009 and gone["data"]["reason"] == "compacted"  # no snapshot at or before 2
+        listed = (await peer.call("session.list", {"status": "suspended"}))["sessions"]
+        assert [(s["sessionId"], s["status"], s["seq"]) for s in listed] == [(sid, "suspended", 12)]
+    async with rpc(daemon.port, token("eve", namespace + "x")) as other:
+        assert (await other.error("session.get", {"sessionId": sid}))["code"] == -32004  # another namespace's
+
+
+async def test_completed_sessions_outlive_redis_and_are_archived_after_the_retention(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = make_settings(backend_urls, tmp_path, checkpoint_grace_ttl=2, archive_after_days=30)
+    r = aioredis.Redis.from_url(settings.redis_url or "", decode_responses=True)
+    async with running(settings) as daemon, rpc(daemon.port, token("alice", namespace)) as peer:
+        assert daemon.services is not None
+        # Two daemons' lifecycle passes over the same servers: each copies, one row results.
+        services = [LifecycleService(daemon.services.manager, daemon.services.backends) for _ in range(2)]
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [{"type": "broke"}, {"type": "test_pass"}]})
+        idle = (await peer.call("session.create", {"entityIds": ["fn:b"]}))["sessionId"]
+        await peer.call("session.suspend", {"sessionId": idle})
+        await peer.call("session.checkpoint", {"sessionId": sid, "final": True})
+        before = await peer.call("session.get", {"sessionId": sid})
+        assert before["session"]["status"] == "completed"
+        moved: list[tuple[int, int]] = []
+
+        async def move(service: LifecycleService) -> None:
+            moved.append(await service.move())
+
+        async with anyio.create_task_group() as tg:
+            for service in services:
+                tg.start_soon(move, service)
+        assert sum(kept for _, kept in moved) >= 1
+        assert await stored_rows(settings.postgres_dsn or "", namespace) == sorted(
+            [(sid, 3, "completed"), (idle, 1, "suspended")])
+        assert (await services[0].keep_completed([(namespace, sid)])) == 0
+        with anyio.fail_after(10):
+            while await r.exists(keys.session_keys(namespace, sid).session):  # the grace TTL runs out
+                await anyio.sleep(0.2)
+        after = await peer.call("session.get", {"sessionId": sid})
+        assert after["events"] == before["events"] and after["session"]["status"] == "completed"
+        assert after["session"]["expiresAt"] is None and "completedAt" in after["session"]
+        assert after["session"]["lastCheckpoint"] == before["session"]["lastCheckpoint"]
+        listed = (await peer.call("session.list", {"status": "completed"}))["sessions"]
+        assert [(s["sessionId"], s["status"]) for s in listed] == [(sid, "completed")]
+        for method in ("session.resume", "session.suspend"):
+            error = await peer.error(method, {"sessionId": sid})
+            assert error["code"] == -32009 and error["data"] == {"reason": "completed"}, method
+        now = datetime.now(UTC)
+        await services[0].archive(now + timedelta(days=29))
+        assert await stored_rows(settings.postgres_dsn or "", namespace) == sorted(
+            [(sid, 3, "completed"), (idle, 1, "suspended")])
+        assert await services[0].archive(now + timedelta(days=31)) >= 2
+        assert await services[1].archive(now + timedelta(days=31)) == 0  # once, whichever daemon runs it
+        assert await stored_rows(settings.postgres_dsn or "", namespace) == sorted(
+            [(sid, 3, "archived"), (idle, 1, "archived")])
+        archived = await peer.call("session.get", {"sessionId": sid})
+        assert archived["session"]["status"] == "archived" and archived["events"] == []
+        assert archived["summary"]["counts"] == {"start": 1, "broke": 1, "test_pass": 1}
+        assert archived["session"]["state"] == "completed" and archived["session"]["seq"] == 3
+        error = await peer.error("session.get", {"sessionId": sid, "atSeq": 2})
+        assert error["code"] == -32009 and error["data"] == {"reason": "archived"}
+        listed = (await peer.call("session.list", {"status": "archived"}))["sessions"]
+        assert sorted(s["sessionId"] for s in listed) == sorted([sid, idle])
+        assert (await peer.call("session.list", {"status": "completed"}))["sessions"] == []
+        error = await peer.error("session.resume", {"sessionId": idle})
+        assert error["code"] == -32009 and error["data"] == {"reason": "archived"}
+    await r.aclose()

@@ -21,8 +21,9 @@ from memento_sessions.backends import UNANSWERED, Postgres
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS, FAILURE_SNAPSHOTS
-from memento_sessions.migrations import LOCK_SCHEMA, SCHEMA_LOCK, migrate
+from memento_sessions.migrations import LOCK_SCHEMA, SCHEMA_LOCK
 from memento_sessions.retry import retry
+from memento_sessions.sessions.suspended import MigratedStore
 
 log = get_logger(__name__)
 
@@ -129,22 +130,17 @@ def partition_ddl(day: date) -> str:
                                    end=(day + timedelta(days=1)).isoformat())
 
 
-class Snapshots:
+class Snapshots(MigratedStore):
     """The snapshot store over the daemon's (lazily connected) Postgres."""
 
     def __init__(self, postgres: Postgres) -> None:
-        self.postgres = postgres
-        self._migrated = False
+        super().__init__(postgres, MIGRATIONS)
 
-    async def migrate(self) -> None:
-        """Create or upgrade the schema; safe while another daemon does the same."""
-        if self._migrated:
-            return
-        await migrate(self.postgres, MIGRATIONS)
+    async def migrated(self) -> None:
+        """Today's and tomorrow's partitions exist before the first insert needs one."""
         today = datetime.now(UTC).date()
         await self.create_partition(today)
         await self.create_partition(today + timedelta(days=1))
-        self._migrated = True
 
     async def create_partition(self, day: date) -> None:
         """Create the partition holding `day` (UTC) if it is missing."""
@@ -251,8 +247,6 @@ def join_events(rows: list[Snapshot]) -> list[dict[str, Any]]:
 def _seq(event: dict[str, Any]) -> int:
     value = event.get("seq")
     return value if isinstance(value, int) else 0  # the server sets every stored event's seq
-
-
 
 
 def _partition_day(name: str) -> date | None:

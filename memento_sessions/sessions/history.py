@@ -52,6 +52,13 @@ def compaction_limit(view: dict[str, Any], postgres: bool) -> int:
     return cap
 
 
+def at_result(session: dict[str, Any], at_seq: int, folder: Condenser) -> dict[str, Any]:
+    """The reply of `session.get {atSeq}` from the session's view and the reducer folded up to `at_seq`."""
+    at_view = {**session, "seq": at_seq, "state": folder.state, "agentIds": sorted(folder.actors)}
+    return {"session": at_view, "atSeq": at_seq, "events": folder.events, **folder.result(),
+            "lastCheckpoint": session["lastCheckpoint"]}
+
+
 class History:
     """Rehydration, time travel, diff, snapshots and compaction over one SessionManager."""
 
@@ -100,9 +107,7 @@ class History:
         started = time.perf_counter()
         session, folder = await self.fold(namespace, session_id, at_seq)
         REHYDRATE_SECONDS.observe(time.perf_counter() - started)
-        at_view = {**session, "seq": at_seq, "state": folder.state, "agentIds": sorted(folder.actors)}
-        return {"session": at_view, "atSeq": at_seq, "events": folder.events, **folder.result(),
-                "lastCheckpoint": session["lastCheckpoint"]}
+        return at_result(session, at_seq, folder)
 
     async def diff(self, namespace: str, session_id: str, from_seq: int, to_seq: int) -> dict[str, Any]:
         """`session.diff`: what changed between right after `from_seq` and right after `to_seq`."""

@@ -5,6 +5,8 @@ Every daemon runs it; it is idempotent, so several at once do no harm.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import anyio
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -55,23 +57,35 @@ async def janitor(redis: aioredis.Redis) -> None:
         await anyio.sleep(INTERVAL)
 
 
-async def idle_sessions(redis: aioredis.Redis, margin_ms: int) -> list[tuple[str, str]]:
-    """(namespace, session id) of the onIdle=suspend sessions that Redis expires within `margin_ms`.
+@dataclass
+class Candidates:
+    """What one lifecycle scan found in the session indexes, as (namespace, session id) pairs."""
 
-    Such sessions carry a TTL `margin` longer than the one asked for (manager.create), so the margin is
-    the time left to move them to Postgres: several passes of this scan before anything is lost.
+    idle: list[tuple[str, str]] = field(default_factory=list)  # onIdle=suspend, expiring within the margin
+    completed: list[tuple[str, str]] = field(default_factory=list)  # completed, still in Redis
+
+
+async def lifecycle_candidates(redis: aioredis.Redis, margin_ms: int) -> Candidates:
+    """The sessions the lifecycle must move: idle ones to suspend, completed ones to copy to Postgres.
+
+    onIdle=suspend sessions carry a TTL `margin` longer than the one asked for (manager.create), so the
+    margin is the time left to move them: several passes of this scan before anything is lost. A completed
+    session keeps its keys only for the grace TTL, so it is copied on the first pass that sees it.
     """
-    found: list[tuple[str, str]] = []
+    found = Candidates()
     for namespace in [str(ns) for ns in await redis.smembers(keys.namespaces())]:
         index, start = keys.session_index(namespace), 0
         while ids := [str(sid) for sid in await redis.zrange(index, start, start + CHUNK - 1)]:
             async with redis.pipeline(transaction=False) as pipe:
                 for sid in ids:
                     session = keys.session_keys(namespace, sid).session
-                    pipe.hget(session, "onIdle")
+                    pipe.hmget(session, "state", "onIdle")
                     pipe.pttl(session)
                 replies = await pipe.execute()
-            found += [(namespace, sid) for sid, on_idle, pttl in zip(ids, replies[::2], replies[1::2], strict=True)
-                      if on_idle == "suspend" and 0 < int(pttl) <= margin_ms]
+            for sid, (state, on_idle), pttl in zip(ids, replies[::2], replies[1::2], strict=True):
+                if state == "completed":
+                    found.completed.append((namespace, sid))
+                elif on_idle == "suspend" and 0 < int(pttl) <= margin_ms:
+                    found.idle.append((namespace, sid))
             start += CHUNK
     return found

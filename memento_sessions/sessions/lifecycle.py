@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 import pydantic_core
 from redis.exceptions import ResponseError
@@ -54,6 +54,13 @@ def forked_ids(ids: dict[str, str], at_seq: int) -> dict[str, str]:
     return kept
 
 
+def stored_row(namespace: str, session_id: str, status: str, copied: Copy, at: datetime) -> Suspended:
+    """The Postgres row of a session copied out of Redis, with its condensed summary."""
+    fields, agents, ids, members = copied
+    return Suspended(namespace, session_id, fields["epoch"], int(fields["seq"]), status, fields["state"], fields,
+                     agents, ids, members, fold_copy(fields, ids, members).result(), at)
+
+
 class Lifecycle:
     """Suspend, resume and fork over one SessionManager and the suspended sessions' table."""
 
@@ -80,8 +87,7 @@ class Lifecycle:
                 return await self._already_suspended(namespace, session_id)
             if fields["state"] == "completed":
                 raise Conflict("a completed session is not suspended", {"reason": "completed"})
-            row = Suspended(namespace, session_id, fields["epoch"], int(fields["seq"]), "suspended", fields["state"],
-                            fields, agents, ids, members, fold_copy(fields, ids, members).result(), datetime.now(UTC))
+            row = stored_row(namespace, session_id, "suspended", (fields, agents, ids, members), datetime.now(UTC))
             await self.store.put(row)
             note = {"sessionId": session_id, "seq": row.seq, "epoch": row.epoch}
             try:
@@ -96,10 +102,24 @@ class Lifecycle:
             return {"sessionId": session_id, "status": "suspended", "seq": row.seq, "epoch": row.epoch}
         raise Conflict("the session kept changing while it was suspended; try again", {"reason": "busy"})
 
+    async def keep_completed(self, namespace: str, session_id: str) -> bool:
+        """Copy a completed session into Postgres (status `completed`), where it outlives its grace TTL in
+        Redis until it is archived; False when Redis holds no completed session by that id (any more)."""
+        copied = await self.copy(namespace, session_id)
+        fields = copied[0]
+        if fields.get("state") != "completed":
+            return False
+        completed_at = datetime.fromtimestamp(int(fields["updatedAt"]) / 1000, UTC)  # the final checkpoint's time
+        await self.store.put(stored_row(namespace, session_id, "completed", copied, completed_at))
+        LIFECYCLE.labels("kept").inc()
+        return True
+
     async def _already_suspended(self, namespace: str, session_id: str) -> dict[str, Any]:
         row = await self.store.get(namespace, session_id)
         if row is None:
             raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
+        if row.status == "completed":
+            raise Conflict("a completed session is not suspended", {"reason": "completed"})
         return {"sessionId": session_id, "status": row.status, "seq": row.seq, "epoch": row.epoch}
 
     @staticmethod
@@ -111,15 +131,11 @@ class Lifecycle:
     async def resume(self, namespace: str, session_id: str) -> dict[str, Any]:
         """`session.resume`: back into Redis with the same seqs and epoch; once, whatever daemons race."""
         row = await self.store.get(namespace, session_id)
-        if row is None:
-            if await self.redis.exists(keys.session_keys(namespace, session_id).session):
-                raise Conflict("the session is active, not suspended", {"reason": "active"})
-            raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
-        if row.events is None:
-            raise Conflict("the session is archived: its events are gone", {"reason": "archived"})
+        if row is None or row.status != "suspended":
+            await self._not_resumable(namespace, session_id, row)
         note = {"sessionId": session_id, "seq": row.seq, "epoch": row.epoch}
         fields = {**row.fields, "updatedAt": str(now_ms())}
-        done = await self._restore(namespace, session_id, "resume", fields, row.agents, row.ids, row.events,
+        done = await self._restore(namespace, session_id, "resume", fields, row.agents, row.ids, row.events or [],
                                    self._frames(namespace, session_id, "session.resumed",
                                                 {"type": "resumed", **note}, note))
         await self.store.resumed(row)
@@ -127,6 +143,16 @@ class Lifecycle:
         if done:
             LIFECYCLE.labels("resumed").inc()
         return {"sessionId": session_id, "status": "active", "seq": row.seq, "epoch": row.epoch}
+
+    async def _not_resumable(self, namespace: str, session_id: str, row: Suspended | None) -> NoReturn:
+        """Raise why a session that is not suspended cannot be resumed (writing nothing)."""
+        if row is not None and row.status == "archived":
+            raise Conflict("the session is archived: its events are gone", {"reason": "archived"})
+        if row is not None and row.status == "completed":
+            raise Conflict("the session is completed, not suspended", {"reason": "completed"})
+        if await self.redis.exists(keys.session_keys(namespace, session_id).session):
+            raise Conflict("the session is active, not suspended", {"reason": "active"})
+        raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
 
     async def _restore(self, namespace: str, session_id: str, mode: str, fields: dict[str, str], agents: list[str],
                        ids: dict[str, str], members: list[str], frames: list[str]) -> bool:

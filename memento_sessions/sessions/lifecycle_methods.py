@@ -13,21 +13,24 @@ from typing import Any, Literal
 
 import anyio
 import asyncpg
-import pydantic_core
 from pydantic import Field
 from redis.exceptions import RedisError
 
+from memento_sessions import keys
 from memento_sessions.backends import UNANSWERED, Backends
-from memento_sessions.errors import InvalidParams, MementoError
+from memento_sessions.errors import InvalidParams, MementoError, NotFound
 from memento_sessions.logs import get_logger
+from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.history import History
-from memento_sessions.sessions.janitor import idle_sessions
+from memento_sessions.sessions.janitor import lifecycle_candidates
 from memento_sessions.sessions.lifecycle import Lifecycle
-from memento_sessions.sessions.manager import IDLE_MARGIN, SessionManager, iso
+from memento_sessions.sessions.manager import IDLE_MARGIN, SessionManager
 from memento_sessions.sessions.methods import CreateParams, GetParams, ListParams, SessionParams
 from memento_sessions.sessions.models import ClientId, Seq
-from memento_sessions.sessions.suspended import SuspendedStore
+from memento_sessions.sessions.paging import PAGE, page_bytes
+from memento_sessions.sessions.stored import stored_at, stored_condensed, stored_get, stored_session
+from memento_sessions.sessions.suspended import Suspended, SuspendedStore
 
 log = get_logger(__name__)
 Status = Literal["active", "suspended", "completed", "archived"]
@@ -75,14 +78,37 @@ class LifecycleService:
         self.lifecycle = Lifecycle(manager, self.suspended)
 
     async def run(self) -> None:
-        """Suspend idle `onIdle: suspend` sessions before Redis would expire them; archive old ones."""
+        """Suspend idle `onIdle: suspend` sessions before Redis would expire them, copy completed ones to
+        Postgres before their grace TTL runs out, archive old ones."""
         last_archive = 0.0
         while True:
-            await self._guarded(self.suspend_idle)
+            await self._guarded(self.move)
             if anyio.current_time() - last_archive > ARCHIVE_EVERY and self.manager.settings.postgres_enabled:
                 last_archive = anyio.current_time()
                 await self._guarded(self.archive)
             await anyio.sleep(IDLE_EVERY)
+
+    async def move(self) -> tuple[int, int]:
+        """One lifecycle pass: (idle sessions suspended, completed sessions copied to Postgres)."""
+        found = await lifecycle_candidates(self.manager.redis, int(IDLE_MARGIN * 1000))
+        for namespace, session_id in found.idle:
+            await self.lifecycle.suspend(namespace, session_id)
+        return len(found.idle), await self.keep_completed(found.completed)
+
+    async def keep_completed(self, completed: list[tuple[str, str]]) -> int:
+        """Copy the completed sessions Postgres does not hold yet; returns how many were copied.
+
+        Every daemon may copy the same session in the same pass: the upsert stores one row either way.
+        """
+        if not self.settings.postgres_enabled:
+            return 0
+        kept = 0
+        for namespace, ids in group_by_namespace(completed).items():
+            stored = await self.suspended.stored_among(namespace, ids)
+            for session_id in ids:
+                if session_id not in stored:
+                    kept += await self.lifecycle.keep_completed(namespace, session_id)
+        return kept
 
     async def _guarded(self, job: Any) -> None:
         """Run one pass; a backend that fails it (Postgres shutting down or cutting the connection mid-query,
@@ -92,23 +118,18 @@ class LifecycleService:
         except PASS_ERRORS as exc:
             log.warning("lifecycle pass failed", job=job.__name__, error=repr(exc))
 
-    async def suspend_idle(self) -> int:
-        """Suspend every onIdle=suspend session whose TTL is about to run out; returns how many."""
-        done = 0
-        for namespace, session_id in await idle_sessions(self.manager.redis, int(IDLE_MARGIN * 1000)):
-            await self.lifecycle.suspend(namespace, session_id)
-            done += 1
-        return done
-
-    async def archive(self) -> int:
-        """Suspended sessions older than MEMENTO_ARCHIVE_AFTER_DAYS become archived."""
-        cutoff = datetime.now(UTC) - timedelta(days=self.settings.archive_after_days)
-        return await self.suspended.archive(cutoff)
+    async def archive(self, now: datetime | None = None) -> int:
+        """Suspended and completed sessions older than MEMENTO_ARCHIVE_AFTER_DAYS (at `now`, default the
+        clock's) become archived; returns how many. Idempotent: several daemons may run it at once."""
+        cutoff = (now or datetime.now(UTC)) - timedelta(days=self.settings.archive_after_days)
+        archived = await self.suspended.archive(cutoff)
+        LIFECYCLE.labels("archived").inc(archived)
+        return archived
 
     async def list_sessions(self, namespace: str, p: ListStatusParams) -> Result:
         """session.list with `status`: live ones from Redis, suspended/archived ones from Postgres."""
-        if p.status in ("suspended", "archived"):
-            return await self._stored(namespace, p)
+        if p.status in ("suspended", "archived") or (p.status == "completed" and p.cursor and p.cursor.isdigit()):
+            return await self._stored(namespace, p, p.limit)
         if p.cursor is not None and not LIVE_CURSOR.fullmatch(p.cursor):
             raise InvalidParams("invalid params", [{"field": "cursor", "message": "not a cursor of this listing"}])
         state = "completed" if p.status == "completed" else p.state
@@ -116,20 +137,42 @@ class LifecycleService:
                                                   cursor=p.cursor)
         if p.status == "active":
             result["sessions"] = [s for s in result["sessions"] if s["status"] == "active"]
+        if p.status == "completed" and "nextCursor" not in result and self.settings.postgres_enabled:
+            # Redis is listed through: the completed sessions its grace TTL let go follow, from Postgres.
+            more = await self._stored(namespace, p.model_copy(update={"cursor": None}),
+                                      p.limit - len(result["sessions"]))
+            result["sessions"] += more["sessions"]
+            result.update({k: v for k, v in more.items() if k == "nextCursor"})
         return result
 
-    async def _stored(self, namespace: str, p: ListStatusParams) -> Result:
+    async def _stored(self, namespace: str, p: ListStatusParams, limit: int) -> Result:
+        """A page of the sessions Postgres holds with status `p.status`; completed ones Redis still holds are
+        left out (the live part of the listing has them)."""
         try:
             before = datetime.fromtimestamp(int(p.cursor) / 1000, UTC) if p.cursor else datetime.now(UTC)
         except (ValueError, OverflowError, OSError):
             raise InvalidParams("invalid params", [{"field": "cursor", "message": "not a cursor of this "
                                                     "listing"}]) from None
-        rows = await self.suspended.page(namespace, p.status, before, p.limit + 1)
-        sessions = [stored_view(row) for row in rows[: p.limit] if p.agentId is None or p.agentId in row["agentIds"]]
+        if limit < 1:  # the live part filled the page: the stored part starts on the next one
+            return {"sessions": [], "nextCursor": str(int(before.timestamp() * 1000))}
+        rows = await self.suspended.page(namespace, p.status, before, limit + 1)
+        listed = await self._live(namespace, [row["sessionId"] for row in rows[:limit]]) if p.status == "completed" \
+            else set()
+        sessions = [stored_session(row["sessionId"], row["status"], row["fields"], row["agentIds"], row["suspendedAt"])
+                    for row in rows[:limit] if (p.agentId is None or p.agentId in row["agentIds"])
+                    and row["sessionId"] not in listed]
         result: dict[str, Any] = {"sessions": sessions}
-        if len(rows) > p.limit:
-            result["nextCursor"] = str(int(rows[p.limit - 1]["suspendedAt"].timestamp() * 1000))
+        if len(rows) > limit:
+            result["nextCursor"] = str(int(rows[limit - 1]["suspendedAt"].timestamp() * 1000))
         return result
+
+    async def _live(self, namespace: str, session_ids: list[str]) -> set[str]:
+        """Which of `session_ids` Redis still holds (one round trip; on a cluster their slots differ)."""
+        async with self.manager.redis.pipeline(transaction=False) as pipe:
+            for session_id in session_ids:
+                pipe.exists(keys.session_keys(namespace, session_id).session)
+            found = await pipe.execute()
+        return {sid for sid, exists in zip(session_ids, found, strict=True) if exists}
 
     def register(self, registry: Registry) -> None:
         """Add the methods (and the extended session.get, session.list and session.create)."""
@@ -156,10 +199,36 @@ class LifecycleService:
                                          labels=p.labels, on_idle="suspend")
 
     async def _get(self, call: Call, p: GetAtParams) -> Result:
+        namespace = call.identity.namespace
+        try:
+            if p.atSeq is not None:
+                return await self.history.get_at(namespace, p.sessionId, p.atSeq)
+            if p.condensed:
+                return await self._condensed(namespace, p.sessionId)
+            return await self.manager.get(namespace, p.sessionId, condensed=p.condensed, since=p.since,
+                                          limit=p.limit)
+        except NotFound:
+            row = await self.suspended.get(namespace, p.sessionId) if self.settings.postgres_enabled else None
+            if row is None:
+                raise
+        return self.get_stored(row, p)
+
+    async def _condensed(self, namespace: str, session_id: str) -> Result:
+        """The live condensed view; once compacted, its reducer part is the snapshot plus the events after (the
+        manager folds only the events Redis still holds, which would drop the compacted ones from the counts)."""
+        result = await self.manager.get(namespace, session_id, condensed=True)
+        if result["session"].get("compactedSeq"):
+            _, folder = await self.history.fold(namespace, session_id, result["session"]["seq"])
+            result.update(folder.result())
+        return result
+
+    def get_stored(self, row: Suspended, p: GetAtParams) -> Result:
+        """session.get of a session Redis no longer holds but Postgres does (suspended, completed, archived)."""
         if p.atSeq is not None:
-            return await self.history.get_at(call.identity.namespace, p.sessionId, p.atSeq)
-        return await self.manager.get(call.identity.namespace, p.sessionId, condensed=p.condensed, since=p.since,
-                                      limit=p.limit)
+            return stored_at(row, p.atSeq)
+        if p.condensed:
+            return stored_condensed(row)
+        return stored_get(row, p.since, p.limit or PAGE, page_bytes(self.settings.ws_send_buffer))
 
     async def _list(self, call: Call, p: ListStatusParams) -> Result:
         return await self.list_sessions(call.identity.namespace, p)
@@ -186,13 +255,12 @@ class LifecycleService:
         return await self.lifecycle.clear(call.identity.namespace, p.sessionId)
 
 
-def stored_view(row: dict[str, Any]) -> dict[str, Any]:
-    """A suspended or archived session as session.list shows it."""
-    fields = row["fields"]
-    return {"sessionId": row["sessionId"], "status": row["status"], "state": row["state"], "seq": row["seq"],
-            "epoch": row["epoch"], "agentIds": row["agentIds"], "createdAt": iso(int(fields["createdAt"])),
-            "updatedAt": iso(int(fields["updatedAt"])), "suspendedAt": row["suspendedAt"].isoformat(),
-            "labels": pydantic_core.from_json(fields.get("labels") or "{}")}
+def group_by_namespace(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """(namespace, session id) pairs as the session ids of each namespace."""
+    grouped: dict[str, list[str]] = {}
+    for namespace, session_id in pairs:
+        grouped.setdefault(namespace, []).append(session_id)
+    return grouped
 
 
 def register(registry: Registry, manager: SessionManager, backends: Backends) -> LifecycleService:

@@ -1,7 +1,9 @@
 """Suspended sessions in Postgres: `suspended_sessions`, one row per (namespace, session id).
 
 A suspended session is moved out of Redis whole and exact: its hash, agents, ids (with its compaction
-snapshots) and every stored event, so a resume writes back the same seqs and epoch. Writes are
+snapshots) and every stored event, so a resume writes back the same seqs and epoch. A completed session
+is copied here too (status `completed`) while Redis still holds it for its grace TTL, so it outlives
+Redis until it is archived; `suspended_at` is then the time it was completed. Writes are
 idempotent (an upsert keyed by namespace and session id that never replaces a newer copy), so two
 daemons suspending the same session at once store one row. The schema is migrated at start, the way
 the failure snapshots' is (versions in `memento_schema_migrations`, under an advisory lock).
@@ -15,10 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from memento_sessions.backends import Postgres
-from memento_sessions.migrations import migrate
+from memento_sessions.migrations import Migration, migrate
 
 # Versions from 101 up: the failure snapshots' migrations count from 1 in the same table.
-MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+MIGRATIONS: tuple[Migration, ...] = (
     (101, (
         """CREATE TABLE suspended_sessions (
             namespace text NOT NULL,
@@ -42,9 +44,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
 UPSERT = """
 INSERT INTO suspended_sessions (namespace, session_id, epoch, seq, status, state, fields, agents, ids, events,
                                 summary, suspended_at)
-VALUES ($1, $2, $3, $4, 'suspended', $5, $6::jsonb, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11)
+VALUES ($1, $2, $3, $4, $12, $5, $6::jsonb, $7::jsonb, $8::jsonb, $9::jsonb, $10::jsonb, $11)
 ON CONFLICT (namespace, session_id) DO UPDATE SET
-    epoch = EXCLUDED.epoch, seq = EXCLUDED.seq, status = 'suspended', state = EXCLUDED.state,
+    epoch = EXCLUDED.epoch, seq = EXCLUDED.seq, status = EXCLUDED.status, state = EXCLUDED.state,
     fields = EXCLUDED.fields, agents = EXCLUDED.agents, ids = EXCLUDED.ids, events = EXCLUDED.events,
     summary = EXCLUDED.summary, suspended_at = EXCLUDED.suspended_at
 WHERE suspended_sessions.epoch <> EXCLUDED.epoch OR suspended_sessions.seq <= EXCLUDED.seq"""
@@ -58,9 +60,10 @@ SELECT session_id, epoch, seq, status, state, fields::text, agents::text, suspen
 WHERE namespace = $1 AND ($2::text IS NULL OR status = $2) AND suspended_at < $3
 ORDER BY suspended_at DESC LIMIT $4"""
 FORGET = "DELETE FROM suspended_sessions WHERE namespace = $1 AND session_id = $2"
+STORED_AMONG = "SELECT session_id FROM suspended_sessions WHERE namespace = $1 AND session_id = ANY($2::text[])"
 ARCHIVE_OLD = """
 UPDATE suspended_sessions SET status = 'archived', events = NULL, ids = '{}'::jsonb
-WHERE status = 'suspended' AND suspended_at < $1"""
+WHERE status IN ('suspended', 'completed') AND suspended_at < $1"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +84,34 @@ class Suspended:
     suspended_at: datetime
 
 
-class SuspendedStore:
-    """The `suspended_sessions` table over the daemon's (lazily connected) Postgres."""
+class MigratedStore:
+    """A store over the daemon's (lazily connected) Postgres whose schema is migrated on first use.
 
-    def __init__(self, postgres: Postgres) -> None:
-        self.postgres = postgres
+    Shared by this table and the failure snapshots' (checkpoints/snapshots.py): one place for "migrate
+    once per process, safely while other daemons do the same".
+    """
+
+    def __init__(self, postgres: Postgres, migrations: tuple[Migration, ...]) -> None:
+        self.postgres, self.migrations = postgres, migrations
         self._migrated = False
 
     async def migrate(self) -> None:
-        """Create or upgrade the table; safe while another daemon does the same."""
+        """Create or upgrade the schema; safe while another daemon does the same."""
         if self._migrated:
             return
-        await migrate(self.postgres, MIGRATIONS)
+        await migrate(self.postgres, self.migrations)
+        await self.migrated()
         self._migrated = True
+
+    async def migrated(self) -> None:
+        """What a store prepares once its schema is current (nothing here)."""
+
+
+class SuspendedStore(MigratedStore):
+    """The `suspended_sessions` table."""
+
+    def __init__(self, postgres: Postgres) -> None:
+        super().__init__(postgres, MIGRATIONS)
 
     async def put(self, row: Suspended) -> None:
         """Store (or refresh) a suspended session; an older copy never replaces a newer one."""
@@ -101,7 +119,7 @@ class SuspendedStore:
         pool = await self.postgres.pool()
         await pool.execute(UPSERT, row.namespace, row.session_id, row.epoch, row.seq, row.state,
                            json.dumps(row.fields), json.dumps(row.agents), json.dumps(row.ids),
-                           json.dumps(row.events), json.dumps(row.summary), row.suspended_at)
+                           json.dumps(row.events), json.dumps(row.summary), row.suspended_at, row.status)
 
     async def get(self, namespace: str, session_id: str) -> Suspended | None:
         """The stored session, if any."""
@@ -134,8 +152,14 @@ class SuspendedStore:
                  "fields": json.loads(r[5]), "agentIds": sorted(json.loads(r[6])), "suspendedAt": r[7]}
                 for r in rows]
 
+    async def stored_among(self, namespace: str, session_ids: list[str]) -> set[str]:
+        """Which of `session_ids` have a row here already."""
+        await self.migrate()
+        pool = await self.postgres.pool()
+        return {row[0] for row in await pool.fetch(STORED_AMONG, namespace, session_ids)}
+
     async def archive(self, older_than: datetime) -> int:
-        """Suspended sessions past retention become archived: events dropped, summary kept."""
+        """Suspended and completed sessions past retention become archived: events dropped, summary kept."""
         await self.migrate()
         pool = await self.postgres.pool()
         status: str = await pool.execute(ARCHIVE_OLD, older_than)
