@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
 
 import anyio
 import pytest
+from anyio.streams.text import TextReceiveStream
 
 from memento_sessions.cli import main
+from memento_sessions.embedded.process import free_port
+from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon
-from tests.helpers import SECRET, token
+from tests.helpers import SECRET, make_settings, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -75,3 +84,89 @@ async def test_errors_exit_1_with_the_daemon_s_message(daemon: Daemon, cli_env: 
     assert code == 0
     code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli_env, "show", "s1"])
     assert code == 1 and "not found (-32004)" in capsys.readouterr().err
+
+
+class DaemonProcess:
+    """`memento-sessions serve` as a child process on the test session's servers, on a port of the test's."""
+
+    def __init__(self, backend_urls: Endpoints, data_dir: Path, port: int) -> None:
+        settings = make_settings(backend_urls, data_dir)
+        self.env = {**os.environ, "MEMENTO_DATA_DIR": str(data_dir), "MEMENTO_PORT": str(port),
+                    "MEMENTO_REDIS_URL": settings.redis_url or "", "MEMENTO_POSTGRES_DSN": settings.postgres_dsn or "",
+                    "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_LOG_LEVEL": "warning"}
+        self.env.pop("MEMENTO_TOKEN", None)
+        if settings.falkordb_url:
+            self.env["MEMENTO_FALKORDB_URL"] = settings.falkordb_url
+        self.port, self.log_path = port, data_dir.parent / f"serve-{port}.log"
+
+    async def start(self) -> subprocess.Popen[bytes]:
+        """Start the daemon and wait (at most 60 s) until /readyz answers 200."""
+        with self.log_path.open("ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "memento_sessions.cli", "serve"], env=self.env,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        with anyio.fail_after(60):
+            while await anyio.to_thread.run_sync(ready, self.port) != 200:
+                assert proc.poll() is None, self.log_path.read_text()[-3000:]
+                await anyio.sleep(0.1)
+        return proc
+
+
+def ready(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1) as response:
+            return int(response.status)
+    except (OSError, ValueError):
+        return 0
+
+
+async def emit(port: int, namespace: str, sid: str, count: int) -> None:
+    async with rpc(port, token("alice", namespace)) as peer:
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [{"type": "modified"}] * count})
+
+
+@pytest.mark.slow
+async def test_tail_follow_prints_every_event_once_across_a_daemon_restart(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    port = free_port()
+    daemon = DaemonProcess(backend_urls, tmp_path / "data", port)
+    first = await daemon.start()
+    printed: list[int] = []
+    try:
+        async with rpc(port, token("alice", namespace)) as peer:
+            sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]  # seq 1
+        await emit(port, namespace, sid, 2)
+        argv = [sys.executable, "-m", "memento_sessions.cli", "session", "--namespace", namespace, "tail", sid, "-f"]
+        async with await anyio.open_process(argv, env=daemon.env) as tail:
+            assert tail.stdout is not None
+            lines = TextReceiveStream(tail.stdout)
+
+            async def read_until(seq: int) -> None:
+                buffered = ""
+                with anyio.fail_after(60):
+                    while not printed or printed[-1] < seq:
+                        buffered += await lines.receive()
+                        *done, buffered = buffered.split("\n")
+                        printed.extend(int(line.split()[0]) for line in done if line.strip())
+                assert buffered == ""
+
+            await read_until(3)
+            await emit(port, namespace, sid, 2)
+            await read_until(5)
+            first.send_signal(signal.SIGTERM)
+            assert await anyio.to_thread.run_sync(first.wait) == 0
+            second = await daemon.start()  # same port, data dir and servers
+            try:
+                await emit(port, namespace, sid, 3)
+                await read_until(8)
+                await anyio.sleep(0.5)  # anything printed twice would arrive by now
+                with anyio.move_on_after(0.5):
+                    printed.extend(int(line.split()[0]) for line in (await lines.receive()).splitlines() if line)
+                tail.terminate()
+            finally:
+                second.send_signal(signal.SIGTERM)
+                await anyio.to_thread.run_sync(second.wait)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert printed == list(range(1, 9))
