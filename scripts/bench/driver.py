@@ -4,24 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
 import redis.asyncio as aioredis
 
 from bench import peers
-from bench.harness import SECRET, Env, Figure
+from bench.daemons import daemon, raise_fd_limit
+from bench.harness import Env, Figure
 from bench.sections import SECTIONS, Section
 from bench.watch import STALL_MS, daemon_gc, delayed_fsyncs, gc_note, quiet, redis_stalls, steal_ms
 from memento_sessions.embedded.postgres import EmbeddedPostgres
-from memento_sessions.embedded.process import free_port
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.logs import configure_logging
 from memento_sessions.server.daemon import settle_gc
@@ -41,37 +37,10 @@ def show(figures: list[Figure]) -> None:
     print(json.dumps({"bench": [f.as_json() for f in figures]}))
 
 
-@asynccontextmanager
-async def daemon(redis_url: str, postgres_dsn: str, data: Path) -> AsyncIterator[int]:
-    """A daemon process on the servers; its port."""
-    port = free_port()
-    env = {**os.environ, "MEMENTO_REDIS_URL": redis_url, "MEMENTO_POSTGRES_DSN": postgres_dsn,
-           "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_PORT": str(port), "MEMENTO_DATA_DIR": str(data / "daemon"),
-           "MEMENTO_LOG_LEVEL": "warning", "MEMENTO_CHECKPOINT_EVERY": "100000"}
-    proc = subprocess.Popen([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env)
-    try:
-        await wait_port(port)
-        yield port
-    finally:
-        proc.terminate()
-        proc.wait(15)
-
-
-async def wait_port(port: int) -> None:
-    """Until something accepts connections on `port` (up to 60 s)."""
-    with anyio.fail_after(60):
-        while True:
-            try:
-                stream = await anyio.connect_tcp("127.0.0.1", port)
-                await stream.aclose()
-                return
-            except OSError:
-                await anyio.sleep(0.1)
-
-
 async def run(args: argparse.Namespace) -> None:
     """Start the servers and the daemon, measure, print."""
     configure_logging("console", "warning")
+    raise_fd_limit()  # before the daemon starts: it inherits the limit (the scale sections open 10,000 sockets)
     python = peers.peers_venv() if args.peers else None  # before the servers: the install is not timed
     with tempfile.TemporaryDirectory(prefix="memento-bench-") as tmp:
         data = Path(tmp)
@@ -79,9 +48,9 @@ async def run(args: argparse.Namespace) -> None:
         redis_server.start()
         postgres.start()
         try:
-            async with daemon(redis_server.url, postgres.url, data) as port:
+            async with daemon(redis_server.url, postgres.url, data) as running:
                 client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-                env = Env(redis_server.url, postgres.url, port, client, args.quick)
+                env = Env(redis_server.url, postgres.url, running.port, client, args.quick, daemon_pid=running.pid)
                 figures = await measure(env, args.only)
                 if python:
                     figures += await peers.measure(env, python, figures)

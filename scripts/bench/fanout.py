@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
-from bench.harness import Env, Figure, Samples, Target, latency_extra, new_session, pct, ws
+from bench.crowd import crowd
+from bench.harness import Env, Figure, Samples, Target, latency_extra, new_session, paced, pct, ws
 from bench.receivers import lean_pubsub, lean_subscriber, stamp
 
 
@@ -33,16 +33,6 @@ async def finish(receivers: list[Any]) -> None:
             await receiver.done
     for receiver in receivers:
         receiver.transport.close()
-
-
-async def paced(per_second: int, count: int, send: Callable[[], Awaitable[Any]]) -> None:
-    """Call `send` `count` times at `per_second`, on a fixed schedule (no coordinated omission)."""
-    start, interval = time.perf_counter(), 1.0 / per_second
-    for i in range(count):
-        delay = start + i * interval - time.perf_counter()
-        if delay > 0:
-            await anyio.sleep(delay)
-        await send()
 
 
 async def publish_floor(env: Env, subscribers: int, per_second: int, count: int) -> list[Samples]:
@@ -93,3 +83,41 @@ def per_event_max(by_receiver: list[Samples], count: int) -> Samples:
 def flat(by_receiver: list[Samples]) -> Samples:
     """Every receiver's samples in one list."""
     return [sample for row in by_receiver for sample in row]
+
+
+async def handoff_apart(env: Env) -> Figure:
+    """handoff-100 as the issue's floor has it: 99 subscribers reading in a process of their own (crowd.py),
+    the 100th measured here, beside 99 bare Redis subscribers apart and one bare subscriber here."""
+    per_second = 100
+    count = max(50, per_second * (2 if env.quick else 8))
+    ours, others = await handoff_beside_crowd(env, per_second, count)
+    floor, floor_others = await publish_beside_crowd(env, per_second, count)
+    return Figure("handoff p99, 100 ev/s, 99 subscribers apart + 1 here", "ms", pct(ours, 0.99), pct(floor, 0.99),
+                  Target.ratio_under(1.2, "99 bare subscribers apart + 1 here"), higher_is_better=False,
+                  extra={**latency_extra(ours, floor), "samples": len(ours), "apart_delivered": others,
+                         "floor_apart_delivered": floor_others})
+
+
+async def handoff_beside_crowd(env: Env, per_second: int, count: int) -> tuple[Samples, int]:
+    """Latencies of event.emit to the 100th subscriber, 99 others in a crowd; the crowd's deliveries."""
+    sid = await new_session(env, env.manager())
+    samples: Samples = []
+    async with crowd({"kind": "ws", "count": 99, "port": env.port, "namespace": env.namespace,
+                      "sessions": [sid], "prefix": "apart"}) as others:
+        me = await lean_subscriber(env.port, env.token("apart-me"), sid, samples, count)
+        async with ws(env, "emitter") as emitter:
+            await paced(per_second, count, lambda: emitter.call("event.emit", {
+                "sessionId": sid, "event": {"type": "modified", "data": {"t0": stamp()}}}))
+            await finish([me])
+        return samples, await others.stop()
+
+
+async def publish_beside_crowd(env: Env, per_second: int, count: int) -> tuple[Samples, int]:
+    """The floor: a bare PUBLISH to 99 bare subscribers in a crowd and one here; the crowd's deliveries."""
+    channel = f"bench-floor-{time.time_ns()}"
+    samples: Samples = []
+    async with crowd({"kind": "pubsub", "count": 99, "url": env.redis_url, "channel": channel}) as others:
+        me = await lean_pubsub(env.redis_url, channel, samples, count)
+        await paced(per_second, count, lambda: env.redis.publish(channel, str(time.perf_counter_ns())))
+        await finish([me])
+        return samples, await others.stop()

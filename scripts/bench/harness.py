@@ -51,6 +51,17 @@ class Target:
         return cls(ms, below=True, text=f"p99 < {ms:g} ms")
 
     @classmethod
+    def ratio_under(cls, times: float, floor_is: str = "") -> Target:
+        """value / floor < times: `< 1.2 x floor (99 bare subscribers apart)`."""
+        text = f"< {times:g} x floor" + (f" ({floor_is})" if floor_is else "")
+        return cls(times, on_ratio=True, below=True, text=text)
+
+    @classmethod
+    def under(cls, value: float, unit: str) -> Target:
+        """The value itself under `value`: `< 30 KB`."""
+        return cls(value, below=True, text=f"< {value:g} {unit}")
+
+    @classmethod
     def at_least(cls, value: float, unit: str) -> Target:
         """The value itself at least `value`: `>= 50,000 events/s`."""
         return cls(value, text=f">= {value:,.0f} {unit}")
@@ -96,7 +107,7 @@ class Figure:
 
 @dataclass
 class Env:
-    """What every measurement needs: the backends, the daemon's port, a Redis client."""
+    """What every measurement needs: the backends, the daemon's port and pid, a Redis client."""
 
     redis_url: str
     postgres_dsn: str
@@ -105,6 +116,7 @@ class Env:
     quick: bool
     namespace: str = "bench"
     pipe: Pipe | None = None
+    daemon_pid: int = 0
 
     def token(self, agent: str) -> str:
         """A token for `agent` in the bench namespace."""
@@ -155,6 +167,16 @@ async def rate(count: int, work: Callable[[int], Awaitable[object]]) -> float:
     for i in range(count):
         await work(i)
     return count / (time.perf_counter() - start)
+
+
+async def paced(per_second: int, count: int, send: Callable[[], Awaitable[Any]]) -> None:
+    """Call `send` `count` times at `per_second`, on a fixed schedule (no coordinated omission)."""
+    start, interval = time.perf_counter(), 1.0 / per_second
+    for i in range(count):
+        delay = start + i * interval - time.perf_counter()
+        if delay > 0:
+            await anyio.sleep(delay)
+        await send()
 
 
 async def concurrently(n: int, work: Callable[[int], Awaitable[object]]) -> float:

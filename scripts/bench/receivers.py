@@ -147,6 +147,36 @@ class LeanCaller(LeanWebSocket):
         return await self.waiting
 
 
+class LeanFlood(LeanWebSocket):
+    """A WebSocket client that writes requests without waiting (pipelined) and counts the replies.
+
+    One load generator driving thousands of requests a second costs a write per request and a frame
+    parse per reply, so the figure is the daemon's, not the bench's scheduling.
+    """
+
+    def __init__(self) -> None:
+        super().__init__([], 0)
+        self.sent = self.replies = self.errors = 0
+        self.all_replied = asyncio.get_running_loop().create_future()
+
+    def _frame(self, opcode: int, payload: bytes, now: int) -> None:
+        if opcode != 0x1:
+            super()._frame(opcode, payload, now)
+            return
+        self.replies += 1
+        self.errors += b'"error"' in payload
+        if self.replies >= self.sent and not self.all_replied.done():
+            self.all_replied.set_result(None)
+
+    def send_frame(self, frame: bytes) -> None:
+        """Write one masked request frame (see `masked_frame`); its reply is counted when it comes."""
+        assert self.transport is not None
+        if self.all_replied.done():
+            self.all_replied = asyncio.get_running_loop().create_future()
+        self.sent += 1
+        self.transport.write(frame)
+
+
 async def upgraded(port: int, token: str, factory: Callable[[], P]) -> P:
     """Connect to the daemon's /ws and upgrade; returns once it answered 101."""
     loop = asyncio.get_running_loop()

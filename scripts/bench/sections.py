@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench import bridge, checkpoint, coordination, emit, fanout, ingest, lifecycle, memory, replay
+from bench import bridge, checkpoint, coordination, emit, fanout, ingest, lifecycle, memory, replay, scale
 from bench.harness import Env, Figure
 
 Section = Callable[[Env], Awaitable[Figure | list[Figure]]]
@@ -20,6 +20,10 @@ SECTIONS: dict[str, Section] = {
     "handoff-100": fanout.handoff_100,
     "handoff-1000": fanout.handoff_1000,
     "fanout-1000": fanout.fanout_1000,
+    "handoff-100-apart": fanout.handoff_apart,
+    "cross-daemon": scale.cross_daemon,
+    "density": scale.density,
+    "deliveries": scale.deliveries,
     "replay": replay.measure,
     "memory": memory.measure,
     "checkpoint": checkpoint.measure,
