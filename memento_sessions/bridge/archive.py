@@ -10,14 +10,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from memento_sessions import keys
 from memento_sessions.bridge.cache import EventCache, Hint, decode
 from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import SESSION_ANCHORS
 from memento_sessions.bridge.timeline import Breakage, Event
 from memento_sessions.checkpoints.snapshots import Snapshot, Snapshots
 from memento_sessions.errors import NotFound
-from memento_sessions.sessions.manager import SessionManager, session_view
+from memento_sessions.sessions.manager import SessionManager
 
 Anchor = dict[str, Any]
 
@@ -38,17 +37,9 @@ async def read_live(manager: SessionManager, namespace: str, session_id: str, ta
     """The live session with every event, or only its last `tail` events; NotFound once it expired."""
     if tail is None:
         session, members = await manager.read(namespace, session_id)
-        return Record(session, decode(members), "live")
-    skeys = keys.session_keys(namespace, session_id)
-    async with manager.redis.pipeline(transaction=True) as pipe:
-        pipe.hgetall(skeys.session)
-        pipe.smembers(skeys.agents)
-        pipe.pttl(skeys.session)
-        pipe.zrange(skeys.events, -tail, -1)
-        fields, agents, pttl, members = await pipe.execute()
-    if not fields:
-        raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
-    return Record(session_view(session_id, fields, list(agents), pttl), decode(members), "live")
+    else:
+        session, members = await manager.tail(namespace, session_id, tail)
+    return Record(session, decode(members), "live")
 
 
 async def read_breaks(manager: SessionManager, cache: EventCache, namespace: str, session_id: str,

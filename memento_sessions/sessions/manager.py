@@ -13,6 +13,7 @@ from typing import Any
 import pydantic_core
 import redis.asyncio as aioredis
 from prometheus_client import Counter
+from redis.asyncio.client import Pipeline
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
@@ -120,6 +121,33 @@ def session_view(session_id: str, fields: dict[str, str], agents: Sequence[str],
     if fields.get("onIdle"):
         view["onIdle"] = fields["onIdle"]
     return view
+
+
+VIEW_READS = 3  # replies ask_view queues: the hash, the agents, the remaining TTL
+EventRange = Callable[[Pipeline, str], object]  # queues one read of a session's events ZSET (its key given)
+
+
+def ask_view(pipe: Pipeline, skeys: keys.SessionKeys) -> None:
+    """Queue the reads a session view is made of (view_of turns their VIEW_READS replies into it)."""
+    pipe.hgetall(skeys.session)
+    pipe.smembers(skeys.agents)
+    pipe.pttl(skeys.session)
+
+
+def view_of(session_id: str, replies: Sequence[Any]) -> dict[str, Any] | None:
+    """The view from ask_view's replies; None when the session has no hash (it expired or never was)."""
+    fields, agents, pttl = replies
+    return session_view(session_id, fields, list(agents), pttl) if fields else None
+
+
+def events_after(since: int, limit: int | None) -> EventRange:
+    """The stored events with seq > since, at most `limit` (all when None)."""
+    return lambda pipe, key: pipe.zrangebyscore(key, f"({since}", "+inf", start=0 if limit else None, num=limit)
+
+
+def last_events(count: int) -> EventRange:
+    """The last `count` stored events."""
+    return lambda pipe, key: pipe.zrange(key, -count, -1)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -364,29 +392,32 @@ class SessionManager:
 
     async def view(self, namespace: str, session_id: str) -> dict[str, Any]:
         """The session view alone (no events)."""
-        skeys = keys.session_keys(namespace, session_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(skeys.session)
-            pipe.smembers(skeys.agents)
-            pipe.pttl(skeys.session)
-            fields, agents, pttl = await pipe.execute()
-        if not fields:
-            raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
-        return session_view(session_id, fields, list(agents), pttl)
+        session, _ = await self._read(namespace, session_id, None)
+        return session
 
     async def read(self, namespace: str, session_id: str, since: int = 0,
                    limit: int | None = None) -> tuple[dict[str, Any], list[str]]:
-        """The session view and its raw stored events with seq > since, in one transaction."""
+        """The session view and its raw stored events with seq > since (at most `limit`), in one transaction."""
+        return await self._read(namespace, session_id, events_after(since, limit))
+
+    async def tail(self, namespace: str, session_id: str, count: int) -> tuple[dict[str, Any], list[str]]:
+        """The session view and its last `count` raw stored events, in one transaction."""
+        return await self._read(namespace, session_id, last_events(count))
+
+    async def _read(self, namespace: str, session_id: str,
+                    events: EventRange | None) -> tuple[dict[str, Any], list[str]]:
+        """Every single-session read: the view and, with `events`, a range of the raw stored events, in one
+        MULTI (the session's keys share a hash tag, so it is one slot on a cluster); NotFound once expired."""
         skeys = keys.session_keys(namespace, session_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(skeys.session)
-            pipe.smembers(skeys.agents)
-            pipe.pttl(skeys.session)
-            pipe.zrangebyscore(skeys.events, f"({since}", "+inf", start=0 if limit else None, num=limit)
-            fields, agents, pttl, members = await pipe.execute()
-        if not fields:
+            ask_view(pipe, skeys)
+            if events is not None:
+                events(pipe, skeys.events)
+            replies = await pipe.execute()
+        session = view_of(session_id, replies[:VIEW_READS])
+        if session is None:
             raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
-        return session_view(session_id, fields, list(agents), pttl), members
+        return session, replies[VIEW_READS] if events is not None else []
 
     async def list_sessions(self, namespace: str, *, state: str | None = None, agent_id: str | None = None,
                             limit: int = 50, cursor: str | None = None) -> dict[str, Any]:
@@ -419,15 +450,10 @@ class SessionManager:
         return result
 
     async def _views(self, namespace: str, ids: list[str]) -> list[dict[str, Any] | None]:
+        """The views of several sessions (None for one that expired) in one round trip, not one transaction:
+        their keys lie in different slots on a cluster."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for sid in ids:
-                skeys = keys.session_keys(namespace, sid)
-                pipe.hgetall(skeys.session)
-                pipe.smembers(skeys.agents)
-                pipe.pttl(skeys.session)
+                ask_view(pipe, keys.session_keys(namespace, sid))
             replies = await pipe.execute()
-        views: list[dict[str, Any] | None] = []
-        for i, sid in enumerate(ids):
-            fields, agents, pttl = replies[3 * i: 3 * i + 3]
-            views.append(session_view(sid, fields, list(agents), pttl) if fields else None)
-        return views
+        return [view_of(sid, replies[VIEW_READS * i: VIEW_READS * (i + 1)]) for i, sid in enumerate(ids)]
