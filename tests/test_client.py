@@ -18,6 +18,8 @@ from memento_sessions.client import (
     ClientClosed,
     ConnectionLost,
     HistoryLost,
+    Link,
+    Phase,
     RequestTimeout,
     RequestTooLarge,
     Subscription,
@@ -365,12 +367,44 @@ async def test_a_consumer_slower_than_the_stream_gets_every_event_within_max_que
         async with reader.subscribe(sid, since=0) as sub:
             with anyio.fail_after(30):
                 async for event in sub:
-                    assert len(sub._items) < 25
+                    assert sub.queued < 25
                     seqs.append(event.seq)
                     await anyio.sleep(0.001)
                     if event.seq == 300:
                         break
         assert seqs == list(range(1, 301)) and sub.resyncs >= 1 and reader.reconnects == 0
+
+
+async def until(sub: Subscription, link: Link) -> None:
+    """Wait until the client's reader has moved the subscription to `link`."""
+    with anyio.fail_after(10):
+        while sub.link is not link:
+            await anyio.sleep(0.01)
+
+
+async def test_a_subscriptions_phase_and_link_follow_its_life(daemon: Daemon, namespace: str) -> None:
+    async with client(daemon.port, "w", namespace) as writer, \
+            client(daemon.port, "s", namespace, max_queue=10) as reader:
+        sid = (await writer.create_session())["sessionId"]
+        sub = reader.subscribe(sid)
+        assert (sub.phase, sub.link, sub.connection) == (Phase.NEW, Link.NONE, None)
+        async with sub:
+            first = reader.connection
+            assert (sub.phase, sub.link) == (Phase.OPEN, Link.LIVE) and sub.connection is first
+            cut(reader)
+            await writer.emit(sid, {"type": "modified"})
+            assert await take(sub, 1) == [1]
+            assert sub.link is Link.LIVE and sub.connection is reader.connection and first is not reader.connection
+            await emit_stream(writer, sid, 40, batch=40, pause=0)  # 30 more than the queue holds
+            await until(sub, Link.STALE)  # the reader drops what comes once the queue is full
+            assert await take(sub, 41) == list(range(2, 42))
+            assert sub.link is Link.LIVE and sub.resyncs >= 1
+        assert (sub.phase, sub.link, sub.connection) == (Phase.ENDED, Link.NONE, None)
+        unused = reader.subscribe(sid)
+        await unused.aclose()
+        assert [event async for event in unused] == [] and unused.phase is Phase.ENDED
+        async with reader.subscribe(sid) as again:  # the closed one never asked the server, nor holds the id
+            assert again.link is Link.LIVE
 
 
 async def serve(settings: Settings, stop: anyio.Event, stopped: anyio.Event, *,

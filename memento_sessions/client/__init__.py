@@ -8,7 +8,8 @@ last seq it delivered, with the last epoch it saw. Design notes: docs/client.md.
 
 core.py      Client: the connection, its reader, reconnect and restore, requests, subscription bookkeeping
 methods.py   the typed methods of SPEC section 6 (create_session, emit, get, ...), which Client inherits
-feeds.py     Subscription and Watch, the bounded notification queues a Client hands out, and Event
+feeds.py     Subscription and Watch, the bounded notification queues a Client hands out, their states
+             (Phase, Link), and Event
 errors.py    the exceptions (hierarchy in its docstring); JSON-RPC error codes mapped to RpcError subclasses
 backoff.py   the jittered exponential backoff between reconnects, and how often a call is retried
 wire.py      request params, their JSON encoding, the 1 MiB frame limit, the bearer token source
@@ -30,12 +31,13 @@ from memento_sessions.client.errors import (
     Unauthorized,
     rpc_error,
 )
-from memento_sessions.client.feeds import Event, Subscription, Watch
+from memento_sessions.client.feeds import Event, Link, Phase, Subscription, Watch
 from memento_sessions.client.wire import MAX_FRAME, Result, compact, encode, token_source
 from memento_sessions.errors import MementoError, RpcError
 
 __all__ = [
-    "MAX_FRAME", "RETRIES", "Client", "ClientClosed", "ConnectionLost", "Event", "HistoryLost", "LiveConversation",
-    "MementoError", "RequestTimeout", "RequestTooLarge", "Result", "RpcError", "Subscription", "Unauthorized", "Watch",
-    "backoff_delay", "compact", "encode", "load_conversation", "rpc_error", "token_source",
+    "MAX_FRAME", "RETRIES", "Client", "ClientClosed", "ConnectionLost", "Event", "HistoryLost", "Link",
+    "LiveConversation", "MementoError", "Phase", "RequestTimeout", "RequestTooLarge", "Result", "RpcError",
+    "Subscription", "Unauthorized", "Watch", "backoff_delay", "compact", "encode", "load_conversation", "rpc_error",
+    "token_source",
 ]

@@ -29,7 +29,7 @@ from memento_sessions.client.errors import (
     Unauthorized,
     rpc_error,
 )
-from memento_sessions.client.feeds import Subscription, Watch, _Feed
+from memento_sessions.client.feeds import Feed, Link, Subscription, Watch
 from memento_sessions.client.methods import Methods
 from memento_sessions.client.wire import MAX_FRAME, Result, compact, encode, token_source
 from memento_sessions.errors import BackendUnavailable, MementoError, RateLimited, RpcError
@@ -142,7 +142,7 @@ class Client(Methods):
         self._dropped.set()
         self._fail_pending(ConnectionLost(f"connection lost (close code {ws.close_code})"))
         for sub in self._subs.values():
-            sub._detach()
+            sub.detach()
 
     def _fail_pending(self, error: ConnectionLost) -> None:
         pending, self._pending = self._pending, {}
@@ -187,7 +187,7 @@ class Client(Methods):
             await self._abandon(ws, "sessions.watch")
         except RpcError as exc:
             for watch in self._watches:
-                watch._end(exc)
+                watch.end(exc)
             self._watches.clear()
 
     async def _abandon(self, ws: ClientConnection, method: str) -> None:
@@ -202,9 +202,9 @@ class Client(Methods):
         self._up.set()
         self._dropped.set()
         self._fail_pending(self._closed)
-        feeds: list[_Feed[Any]] = [*self._subs.values(), *self._watches]
+        feeds: list[Feed[Any]] = [*self._subs.values(), *self._watches]
         for feed in feeds:
-            feed._end(error)
+            feed.end(error)
         self._subs.clear()
         self._watches.clear()
 
@@ -241,12 +241,12 @@ class Client(Methods):
     def _notify(self, method: str, params: Result) -> None:
         sub = self._subs.get(params.get("sessionId", ""))
         if method == "session.event" and sub is not None:
-            sub._on_event(params)
+            sub.deliver(params)
         elif method == "session.checkpoint" and sub is not None:
             sub.last_checkpoint = params
         elif method == "sessions.announce":
             for watch in self._watches:
-                watch._announce(params)
+                watch.deliver(params)
 
     async def call(self, method: str, params: Mapping[str, Any] | None = None, *, retry: bool = False) -> Result:
         """Any method by name; with `retry`, sent again after a reconnect (only for idempotent calls)."""
@@ -296,7 +296,10 @@ class Client(Methods):
         """Announcements of new, checkpointed and completed sessions in the token's namespace."""
         return Watch(self, self._max_queue)
 
-    async def _open_subscription(self, sub: Subscription) -> None:
+    # -- what the feeds ask of the client that handed them out ---------------------------------------------
+
+    async def open_subscription(self, sub: Subscription) -> None:
+        """Register `sub` and subscribe it on the live connection (else the next one subscribes it)."""
         if sub.session_id in self._subs:
             raise ValueError(f"this client is already subscribed to {sub.session_id}")
         self._subs[sub.session_id] = sub
@@ -313,20 +316,20 @@ class Client(Methods):
 
     async def _subscribe_on(self, sub: Subscription, ws: ClientConnection) -> None:
         """Subscribe `sub` on `ws` after its last seq (unless it already is)."""
-        if sub._on is ws:
+        if sub.connection is ws:
             return
         since = sub.last_seq
-        sub._expect(ws)
+        sub.asking(ws)
         try:
             result = await self._request_on(ws, "session.subscribe",
                                             compact(sessionId=sub.session_id, since=since, epoch=sub.epoch))
         except BaseException:
-            if sub._on is ws:
-                sub._detach()
+            if sub.connection is ws:
+                sub.detach()
             raise
-        if sub._on is not ws:
+        if sub.connection is not ws:
             raise ConnectionLost("connection lost")
-        sub._activate(result, since)
+        sub.answered(result, since)
 
     async def _subscribe_quietly(self, sub: Subscription, ws: ClientConnection) -> None:
         """Resubscribe. A passing refusal (backend unavailable, rate limited) is retried with backoff, then
@@ -344,32 +347,35 @@ class Client(Methods):
                 await anyio.sleep(retry_delay(exc, attempt, self._backoff))
             except RpcError as exc:
                 self._subs.pop(sub.session_id, None)
-                sub._end(exc)
+                sub.end(exc)
                 return
 
-    async def _resync(self, sub: Subscription) -> None:
-        """Fetch the stream again after the last queued seq, on the same connection."""
+    async def resync(self, sub: Subscription) -> None:
+        """A STALE `sub` whose consumer caught up: fetch the stream again after its last queued seq."""
         ws = await self._connection()
-        if not sub._stale:
+        if sub.link is not Link.STALE:
             return
-        if sub._on is ws:
+        if sub.connection is ws:
             with suppress(MementoError):
                 await self._request_on(ws, "session.unsubscribe", {"sessionId": sub.session_id})
-        if sub._on is ws:
-            sub._detach()
+        if sub.connection is ws:
+            sub.detach()
         with suppress(ConnectionLost):
             await self._subscribe_quietly(sub, ws)
 
-    async def _close_subscription(self, sub: Subscription) -> None:
+    async def close_subscription(self, sub: Subscription) -> None:
+        """Forget `sub` and unsubscribe it on the server, when it is subscribed on the live connection."""
         if self._subs.get(sub.session_id) is not sub:
             return
         del self._subs[sub.session_id]
-        ws, sub._on = sub._on, None
+        ws = sub.connection
+        sub.detach()
         if ws is not None and ws is self._ws:
             with suppress(MementoError):
                 await self._request_on(ws, "session.unsubscribe", {"sessionId": sub.session_id})
 
-    async def _open_watch(self, watch: Watch) -> None:
+    async def open_watch(self, watch: Watch) -> None:
+        """Register `watch`; the first one asks the server to watch (again after every reconnect)."""
         self._watches.add(watch)
         if len(self._watches) == 1:
             try:
@@ -377,6 +383,10 @@ class Client(Methods):
             except BaseException:
                 self._watches.discard(watch)
                 raise
+
+    def close_watch(self, watch: Watch) -> None:
+        """Forget `watch`: the server has no unwatch, it announces until the connection ends."""
+        self._watches.discard(watch)
 
 
 def retry_delay(exc: RpcError, attempt: int, backoff: tuple[float, float]) -> float:

@@ -1,6 +1,11 @@
 """The notification feeds a Client hands out: `Subscription` (a session's events) and `Watch` (announcements).
 
 Each is a bounded queue that the client's reader fills and one consumer drains; see docs/client.md.
+A feed's `phase` says whether it was started and whether it ended; a Subscription's `link` says where it
+stands with the server. The client and its feeds talk through public methods only: a feed asks its
+client to `open_subscription`, `close_subscription`, `resync` or `open_watch`/`close_watch`; the client's
+reader hands a feed what came (`deliver`), moves a Subscription's link (`asking`, `answered`, `detach`) and
+ends it (`end`).
 """
 
 from __future__ import annotations
@@ -9,6 +14,7 @@ from collections import deque
 from collections.abc import Mapping
 from contextlib import suppress
 from dataclasses import dataclass
+from enum import Enum
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import anyio
@@ -39,7 +45,24 @@ class Event:
 
 
 
-class _Feed(Generic[T]):
+class Phase(Enum):
+    """A feed's lifecycle: started once, ended once (a feed ended before it started never asks the server)."""
+
+    NEW = "new"  # nothing asked of the server yet
+    OPEN = "open"  # asked: the client's reader queues what comes
+    ENDED = "ended"  # no more items after those queued (then the error it ended with, when there is one)
+
+
+class Link(Enum):
+    """Where a Subscription stands with the server; only the client's reader moves it."""
+
+    NONE = "none"  # no server subscription on the live connection: the next subscribe asks after last_seq
+    ASKED = "asked"  # a subscribe request is out on `connection`: events are held until its reply
+    LIVE = "live"  # subscribed on `connection`: events are queued in seq order
+    STALE = "stale"  # the queue overflowed or a gap showed: events are dropped until subscribed again
+
+
+class Feed(Generic[T]):
     """A bounded queue of notifications read by one consumer; an error in it is raised when reached."""
 
     def __init__(self, client: Client, limit: int) -> None:
@@ -47,8 +70,7 @@ class _Feed(Generic[T]):
         self._items: deque[T | BaseException] = deque()
         self._limit = limit
         self._wake = anyio.Event()
-        self._ended = False
-        self._started = False
+        self._phase = Phase.NEW
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -64,20 +86,24 @@ class _Feed(Generic[T]):
         await self.start()
         return await self._next()
 
+    @property
+    def phase(self) -> Phase:
+        return self._phase
+
     async def start(self) -> None:
         """Ask the server for the notifications (once); raises its error, e.g. NotFound."""
-        if not self._started:
-            self._started = True
+        if self._phase is Phase.NEW:
+            self._phase = Phase.OPEN
             try:
                 await self._open()
             except BaseException:
-                self._end()
+                self.end()
                 raise
 
     async def aclose(self) -> None:
         """Stop receiving; safe to call twice."""
         self._items.clear()
-        self._end()
+        self.end()
         await self._close()
 
     async def _open(self) -> None:
@@ -87,6 +113,11 @@ class _Feed(Generic[T]):
         raise NotImplementedError
 
     @property
+    def queued(self) -> int:
+        """Items waiting for the consumer."""
+        return len(self._items)
+
+    @property
     def full(self) -> bool:
         return len(self._items) >= self._limit
 
@@ -94,11 +125,11 @@ class _Feed(Generic[T]):
         self._items.append(item)
         self._wake.set()
 
-    def _end(self, error: BaseException | None = None) -> None:
-        """No more items after those queued (then `error`, when given)."""
-        if error is not None and not self._ended:
+    def end(self, error: BaseException | None = None) -> None:
+        """No more items after those queued (then `error`, when given); the client calls it when it closes."""
+        if error is not None and self._phase is not Phase.ENDED:
             self._items.append(error)
-        self._ended = True
+        self._phase = Phase.ENDED
         self._wake.set()
 
     async def _idle(self) -> None:
@@ -108,7 +139,7 @@ class _Feed(Generic[T]):
 
     async def _next(self) -> T:
         while not self._items:
-            if self._ended:
+            if self._phase is Phase.ENDED:
                 raise StopAsyncIteration
             await self._idle()
         item = self._items.popleft()
@@ -117,7 +148,7 @@ class _Feed(Generic[T]):
         return item
 
 
-class Subscription(_Feed[Event]):
+class Subscription(Feed[Event]):
     """The events of one session in seq order, each once, across reconnects (`async with` or `async for`)."""
 
     def __init__(self, client: Client, session_id: str, since: int | None, epoch: str | None, limit: int) -> None:
@@ -127,33 +158,46 @@ class Subscription(_Feed[Event]):
         self.epoch = epoch
         self.last_checkpoint: Result | None = None
         self.resyncs = 0  # times the queue overflowed or a gap showed, and the stream was fetched again
+        self._link = Link.NONE
         self._on: ClientConnection | None = None  # the connection the server subscription lives on
-        self._early: list[Result] | None = None  # events that came before the subscribe reply
-        self._stale = False
+        self._early: list[Result] = []  # events that came before the subscribe reply (while ASKED)
+
+    @property
+    def link(self) -> Link:
+        return self._link
+
+    @property
+    def connection(self) -> ClientConnection | None:
+        """The connection the server subscription lives on (None when there is none)."""
+        return self._on
 
     async def _open(self) -> None:
-        await self.client._open_subscription(self)
+        await self.client.open_subscription(self)
 
     async def _close(self) -> None:
-        await self.client._close_subscription(self)
+        await self.client.close_subscription(self)
 
     async def _idle(self) -> None:
-        if not self._stale:
+        if self._link is not Link.STALE:
             await super()._idle()
             return
         with suppress(ConnectionLost):  # still disconnected: _next calls again; closed: _next ends
-            await self.client._resync(self)
+            await self.client.resync(self)
 
-    def _expect(self, ws: ClientConnection) -> None:
+    def asking(self, ws: ClientConnection) -> None:
         """A subscribe request is about to go out on `ws`: hold events until its reply."""
-        self._on, self._early, self._stale = ws, [], False
+        self._on, self._link, self._early = ws, Link.ASKED, []
 
-    def _detach(self) -> None:
-        self._on, self._early = None, None
+    def detach(self) -> None:
+        """The server subscription is gone (its connection dropped, or it was unsubscribed); a STALE one stays
+        STALE, so what still comes is dropped until it is subscribed again."""
+        self._on, self._early = None, []
+        if self._link is not Link.STALE:
+            self._link = Link.NONE
 
-    def _activate(self, result: Mapping[str, Any], asked_since: int | None) -> None:
+    def answered(self, result: Mapping[str, Any], asked_since: int | None) -> None:
         """The server's subscribe reply: note where we stand, then the events that came early."""
-        early, self._early = self._early or [], None
+        early, self._early, self._link = self._early, [], Link.LIVE
         if result.get("recovered") is False and asked_since is not None:
             self._push(HistoryLost(self.session_id, asked_since, int(result["seq"]), result.get("epoch")))
             self.last_seq = None
@@ -161,19 +205,21 @@ class Subscription(_Feed[Event]):
             self.last_seq = int(result["seq"])
         self.epoch = result.get("epoch", self.epoch)
         for params in early:
-            self._on_event(params)
+            self.deliver(params)
 
-    def _on_event(self, params: Result) -> None:
-        if self._early is not None:
+    def deliver(self, params: Result) -> None:
+        """A `session.event` notification: queued when it is the next seq, held while ASKED, else dropped."""
+        if self._link is Link.ASKED:
             self._early.append(params)
             return
         seq = int(params["seq"])
         epoch = params.get("epoch")
-        if epoch and self.epoch and epoch != self.epoch and not self._stale and not self._ended:
+        dropping = self._link is Link.STALE or self._phase is Phase.ENDED
+        if epoch and self.epoch and epoch != self.epoch and not dropping:
             # The session was created anew under this id while we were subscribed: its history restarted.
             self._push(HistoryLost(self.session_id, self.last_seq, seq, epoch))
             self.epoch, self.last_seq = epoch, 0
-        if self._stale or self._ended or (self.last_seq is not None and seq <= self.last_seq):
+        if dropping or (self.last_seq is not None and seq <= self.last_seq):
             return
         if self.full or (self.last_seq is not None and seq != self.last_seq + 1):
             self._go_stale(seq)
@@ -184,13 +230,13 @@ class Subscription(_Feed[Event]):
     def _go_stale(self, seq: int) -> None:
         """Drop events until the consumer has caught up, then subscribe again after `last_seq`."""
         log.warning("subscription resyncs", session_id=self.session_id, seq=seq, last_seq=self.last_seq,
-                    queued=len(self._items))
-        self._stale = True
+                    queued=self.queued)
+        self._link = Link.STALE
         self.resyncs += 1
         self._wake.set()
 
 
-class Watch(_Feed[Result]):
+class Watch(Feed[Result]):
     """`sessions.announce` notifications (`async with` or `async for`); see docs/client.md on gaps."""
 
     def __init__(self, client: Client, limit: int) -> None:
@@ -198,12 +244,13 @@ class Watch(_Feed[Result]):
         self.dropped = 0  # announcements dropped because the queue was full (the oldest go first)
 
     async def _open(self) -> None:
-        await self.client._open_watch(self)
+        await self.client.open_watch(self)
 
     async def _close(self) -> None:
-        self.client._watches.discard(self)  # the server has no unwatch: it announces until the connection ends
+        self.client.close_watch(self)
 
-    def _announce(self, params: Result) -> None:
+    def deliver(self, params: Result) -> None:
+        """A `sessions.announce` notification: queued, the oldest dropped when the queue is full."""
         if self.full:
             self._items.popleft()
             self.dropped += 1
