@@ -94,11 +94,19 @@ def event_seq(event: Event) -> int:
 def archived_view(session_id: str, anchors: list[Anchor], snapshot: Snapshot | None,
                   events: list[Event]) -> dict[str, Any]:
     """The session object as far as the archive knows it: its last state, every actor, the highest seq."""
+    return {"sessionId": session_id, "state": archived_state(anchors, snapshot),
+            "agentIds": archived_agents(anchors, events), "seq": archived_seq(anchors, events)}
+
+
+def archived_agents(anchors: list[Anchor], events: list[Event]) -> list[str]:
+    """Every actor an anchor names or an archived event has, sorted."""
     agents = {actor for anchor in anchors for actor in anchor.get("actors") or []}
-    agents |= {str(event["actor"]) for event in events if event.get("actor")}
-    seqs = [int(a.get("toSeq") or 0) for a in anchors] + [event_seq(e) for e in events]
-    return {"sessionId": session_id, "state": archived_state(anchors, snapshot), "agentIds": sorted(agents),
-            "seq": max(seqs, default=0)}
+    return sorted(agents | {str(event["actor"]) for event in events if event.get("actor")})
+
+
+def archived_seq(anchors: list[Anchor], events: list[Event]) -> int:
+    """The highest seq an anchor covers or an archived event has (0 when none does)."""
+    return max([int(a.get("toSeq") or 0) for a in anchors] + [event_seq(e) for e in events], default=0)
 
 
 def archived_state(anchors: list[Anchor], snapshot: Snapshot | None) -> Any:
