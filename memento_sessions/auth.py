@@ -1,4 +1,4 @@
-"""Tokens: HS256 JWTs carrying agent id, namespace and scopes."""
+"""Tokens: HS256 JWTs carrying agent id, namespace, scopes and (optionally) roles."""
 
 from __future__ import annotations
 
@@ -15,19 +15,22 @@ SCOPES = ("sessions:read", "sessions:write", "kg:write", "admin")
 DEFAULT_SCOPE = "sessions:read sessions:write"
 _NAME = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ROLE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")  # one role name (a Redis key part: no ':' nor braces)
+MAX_ROLES = 16
 # `ns` is required: a token that names no namespace must not silently land in `default`.
 REQUIRED = ("exp", "sub", "ns")
 
 
 @dataclass(frozen=True, slots=True)
 class Identity:
-    """Who is calling: the token's agent, namespace and scopes."""
+    """Who is calling: the token's agent, namespace, scopes and roles (mailbox.send to `role:<name>`)."""
 
     agent_id: str
     namespace: str
     scopes: frozenset[str]
     # The token's `exp` (epoch seconds): a WebSocket is closed when it passes.
     expires_at: float | None = field(default=None, compare=False)
+    roles: frozenset[str] = frozenset()
 
     def require(self, scope: str) -> None:
         """Raise Forbidden unless the token carries `scope` (admin carries every scope)."""
@@ -36,8 +39,8 @@ class Identity:
 
 
 def issue_token(secret: str, agent_id: str, namespace: str = "default",
-                scope: str = DEFAULT_SCOPE, ttl: int = 86400) -> str:
-    """Sign a token for `agent_id`; raises ValueError on a bad agent, namespace or scope."""
+                scope: str = DEFAULT_SCOPE, ttl: int = 86400, roles: tuple[str, ...] = ()) -> str:
+    """Sign a token for `agent_id`; raises ValueError on a bad agent, namespace, scope or role."""
     if not _NAME.match(agent_id):
         raise ValueError("agent id must be 1..128 chars of [A-Za-z0-9._:-]")
     if not _NAMESPACE.match(namespace):
@@ -45,7 +48,12 @@ def issue_token(secret: str, agent_id: str, namespace: str = "default",
     unknown = set(scope.split()) - set(SCOPES)
     if unknown:
         raise ValueError(f"unknown scope {' '.join(sorted(unknown))}; allowed: {' '.join(SCOPES)}")
-    claims = {"sub": agent_id, "ns": namespace, "scope": scope, "exp": int(time.time()) + ttl}
+    problem = roles_problem(list(roles))
+    if problem:
+        raise ValueError(problem)
+    claims: dict[str, object] = {"sub": agent_id, "ns": namespace, "scope": scope, "exp": int(time.time()) + ttl}
+    if roles:
+        claims["roles"] = list(roles)
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
@@ -72,8 +80,26 @@ def _identity(claims: dict[str, object]) -> Identity:
         raise AuthError("invalid token namespace")
     if not isinstance(scope, str):
         raise AuthError("invalid token scope")
+    roles = claims.get("roles", [])
+    problem = roles_problem(roles)
+    if problem:
+        raise AuthError(f"invalid token roles: {problem}")
     exp = claims.get("exp")
-    return Identity(agent, ns, frozenset(scope.split()), float(exp) if isinstance(exp, int | float) else None)
+    return Identity(agent, ns, frozenset(scope.split()), float(exp) if isinstance(exp, int | float) else None,
+                    frozenset(roles) if isinstance(roles, list) else frozenset())
+
+
+def roles_problem(roles: object) -> str | None:
+    """What is wrong with a `roles` claim (a list of up to MAX_ROLES role names), or None. A bad claim
+    refuses the token rather than being ignored: the agent would silently miss the role's messages."""
+    if not isinstance(roles, list):
+        return "must be a list of role names"
+    if len(roles) > MAX_ROLES:
+        return f"at most {MAX_ROLES} roles"
+    for role in roles:
+        if not isinstance(role, str) or not ROLE.match(role):
+            return f"{role!r} is not 1..64 chars of [A-Za-z0-9._-]"
+    return None
 
 
 def bearer(authorization: str | None) -> str | None:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
+from memento_sessions.auth import issue_token
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.helpers import make_settings, token
+from tests.helpers import SECRET, make_settings, token
 from tests.rpcsocket import rpc
 from tests.test_leases import two_daemons
 
@@ -33,7 +39,6 @@ async def test_a_connected_agent_on_another_daemon_gets_it_live_once(backend_url
                                                                      namespace: str) -> None:
     async with two_daemons(backend_urls, tmp_path) as (d1, d2), rpc(d1.port, token("a", namespace)) as a, \
             rpc(d2.port, token("b", namespace)) as b:
-        await b.call("mailbox.read", {})  # b's first request: its connection now receives pushes
         await a.call("mailbox.send", {"to": "b", "body": "ping", "id": "m1"})
         again = await a.call("mailbox.send", {"to": "b", "body": "ping", "id": "m1"})
         assert again == {"messageId": "m1", "recipients": ["b"]}
@@ -42,6 +47,51 @@ async def test_a_connected_agent_on_another_daemon_gets_it_live_once(backend_url
         with pytest.raises(TimeoutError):
             await b.notification("mailbox.message", timeout=0.5)  # the resend was not delivered twice
         assert len((await b.call("mailbox.read", {}))["messages"]) == 1
+
+
+async def test_an_agent_that_never_sent_anything_gets_its_messages_live(backend_urls: Endpoints, tmp_path: Path,
+                                                                      namespace: str) -> None:
+    async with two_daemons(backend_urls, tmp_path) as (d1, d2), rpc(d2.port, token("b", namespace)) as b, \
+            rpc(d1.port, token("a", namespace)) as a:
+        await a.call("mailbox.send", {"to": "b", "body": "first", "id": "m1"})  # b has sent nothing at all
+        pushed = await b.notification("mailbox.message", timeout=2)
+        assert pushed["params"]["messageId"] == "m1" and pushed["params"]["body"] == "first"
+
+
+async def test_a_role_in_the_token_reaches_its_agent_live_and_only_it(daemon: Daemon, namespace: str) -> None:
+    reviewer = issue_token(SECRET, "rev", namespace, roles=("reviewer",))
+    async with rpc(daemon.port, reviewer) as rev, rpc(daemon.port, token("other", namespace)) as other, \
+            rpc(daemon.port, token("a", namespace)) as a:
+        sent = await a.call("mailbox.send", {"to": "role:reviewer", "body": "look", "id": "r1"})
+        assert sent == {"messageId": "r1", "recipients": ["rev"]}  # neither has sent a request before this
+        assert (await rev.notification("mailbox.message", timeout=2))["params"]["messageId"] == "r1"
+        with pytest.raises(TimeoutError):
+            await other.notification("mailbox.message", timeout=0.3)
+        # presence.set adds declared roles to the token's; declaring others does not drop the token's
+        declared = await rev.call("presence.set", {"roles": ["tests"]})
+        assert declared == {"agentId": "rev", "roles": ["reviewer", "tests"]}
+        await rev.call("presence.set", {"roles": []})
+        assert (await a.call("mailbox.send", {"to": "role:reviewer", "body": 2}))["recipients"] == ["rev"]
+        assert (await a.call("mailbox.send", {"to": "role:tests", "body": 3}))["recipients"] == []
+
+
+@pytest.mark.parametrize(("roles", "reason"), [
+    ("reviewer", "invalid token roles: must be a list of role names"),
+    (["no spaces"], "invalid token roles: 'no spaces' is not 1..64 chars of [A-Za-z0-9._-]"),
+    ([7], "invalid token roles: 7 is not 1..64 chars of [A-Za-z0-9._-]"),
+    ([f"r{i}" for i in range(17)], "invalid token roles: at most 16 roles"),
+])
+async def test_a_token_with_a_bad_roles_claim_is_refused_saying_why(daemon: Daemon, namespace: str, roles: Any,
+                                                                     reason: str) -> None:
+    claims = {"sub": "a", "ns": namespace, "scope": "sessions:read", "exp": int(time.time()) + 60, "roles": roles}
+    headers = {"Authorization": f"Bearer {jwt.encode(claims, SECRET, algorithm='HS256')}"}
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(f"ws://127.0.0.1:{daemon.port}/ws", additional_headers=headers):
+            pass
+    assert refused.value.response.status_code == 401
+    assert json.loads(refused.value.response.body) == {"error": reason}
+    with pytest.raises(ValueError, match=r"'no spaces' is not 1\.\.64 chars"):
+        issue_token(SECRET, "a", namespace, roles=("no spaces",))
 
 
 async def test_roles_and_sessions_address_several_agents(daemon: Daemon, namespace: str) -> None:

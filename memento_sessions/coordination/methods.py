@@ -15,42 +15,41 @@ from typing import Annotated, Any, Literal
 import pydantic_core
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     JsonValue,
     StringConstraints,
-    field_validator,
     model_validator,
 )
 
+from memento_sessions.auth import MAX_ROLES, ROLE
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
 from memento_sessions.rpc import Call, Method, Registry, Result
-from memento_sessions.sessions.models import ClientId, EntityId, EventIn, Seq
-from memento_sessions.sessions.storable import check_text, value_problem
+from memento_sessions.sessions.methods import Params, SessionParams
+from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId, EventIn, Seq, ShortText
+from memento_sessions.sessions.storable import value_problem
 
 log = get_logger(__name__)
-RoleName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
+CONNECTED = "rpc.connected"  # JSON-RPC reserves `rpc.` names for the transport: the gateway's connect hook
+RoleName = Annotated[str, StringConstraints(pattern=ROLE.pattern)]
 Recipient = Annotated[str, StringConstraints(pattern=r"^(role:[A-Za-z0-9._-]{1,64}|session:[A-Za-z0-9._:-]{1,128}|"
                                              r"[A-Za-z0-9._:-]{1,128})$")]
-Subject = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
-MAX_BODY = 16 * 1024
 
 
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class SessionParams(Params):
-    sessionId: ClientId
+def check_body(value: JsonValue) -> JsonValue:
+    """A message body is stored JSON like an event's data: finite numbers, clean text, at most 16 KiB."""
+    problem = value_problem(value, "body")
+    size = len(pydantic_core.to_json(value)) if problem is None else 0
+    if problem or size > MAX_DATA_BYTES:
+        raise ValueError(problem or f"body is larger than {MAX_DATA_BYTES} bytes encoded")
+    return value
 
 
 class RolesParams(Params):
-    roles: list[RoleName] = Field(max_length=16)
+    roles: list[RoleName] = Field(max_length=MAX_ROLES)
 
 
 class AcquireParams(Params):
@@ -58,7 +57,7 @@ class AcquireParams(Params):
     ttl: int = Field(ge=5, le=3600)
     mode: Literal["exclusive", "shared"] = "exclusive"
     sessionId: ClientId | None = None
-    reason: Subject | None = None
+    reason: ShortText | None = None
 
 
 class RenewParams(Params):
@@ -85,20 +84,10 @@ class ListLeasesParams(Params):
 
 class SendParams(Params):
     to: Recipient
-    subject: Subject | None = None
-    body: JsonValue
+    subject: ShortText | None = None
+    body: Annotated[JsonValue, AfterValidator(check_body)]
     ttl: int | None = Field(default=None, ge=60, le=30 * 86400)
     id: ClientId | None = None
-
-    @field_validator("body")
-    @classmethod
-    def _small(cls, value: JsonValue) -> JsonValue:
-        problem = value_problem(value, "body")
-        if problem:
-            raise ValueError(problem)
-        if len(pydantic_core.to_json(value)) > MAX_BODY:
-            raise ValueError(f"body is larger than {MAX_BODY} bytes encoded")
-        return value
 
 
 class ReadParams(Params):
@@ -111,15 +100,24 @@ class AckParams(Params):
     messageIds: list[ClientId] = Field(min_length=1, max_length=1000)
 
 
+Handler = Callable[[Call, Any], Awaitable[Result]]
+
+
 def register(registry: Registry, coord: Coordination) -> None:
     """Add the coordination methods, then hook the session, emit and handoff methods already registered."""
-    write, read = "sessions:write", "sessions:read"
+    for name, (params, handler, scope) in methods(coord).items():
+        registry.add(name, params, handler, scope)
+    hook(registry, coord)
+    add_connect_hook(registry, coord)
 
+
+def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]:
+    """The coordination methods: name -> (params, handler, scope)."""
     async def presence_get(call: Call, p: SessionParams) -> Result:
         return {"agents": await coord.presence.agents(call.identity.namespace, p.sessionId)}
 
     async def presence_set(call: Call, p: RolesParams) -> Result:
-        return await coord.presence.set_roles(call.identity.namespace, call.identity.agent_id, p.roles)
+        return await coord.presence.set_roles(call.identity, p.roles)
 
     async def acquire(call: Call, p: AcquireParams) -> Result:
         return await coord.leases.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
@@ -142,19 +140,23 @@ def register(registry: Registry, coord: Coordination) -> None:
     async def ack(call: Call, p: AckParams) -> Result:
         return await coord.mailbox.ack(call.identity, p.messageIds)
 
-    registry.add("presence.get", SessionParams, presence_get, read)
-    registry.add("presence.set", RolesParams, presence_set, write)
-    registry.add("lease.acquire", AcquireParams, acquire, write)
-    registry.add("lease.renew", RenewParams, renew, write)
-    registry.add("lease.release", ReleaseParams, release, write)
-    registry.add("lease.list", ListLeasesParams, list_, read)
-    registry.add("mailbox.send", SendParams, send, write)
-    registry.add("mailbox.read", ReadParams, read_, read)
-    registry.add("mailbox.ack", AckParams, ack, write)
-    hook(registry, coord)
+    write, read = "sessions:write", "sessions:read"
+    return {
+        "presence.get": (SessionParams, presence_get, read), "presence.set": (RolesParams, presence_set, write),
+        "lease.acquire": (AcquireParams, acquire, write), "lease.renew": (RenewParams, renew, write),
+        "lease.release": (ReleaseParams, release, write), "lease.list": (ListLeasesParams, list_, read),
+        "mailbox.send": (SendParams, send, write), "mailbox.read": (ReadParams, read_, read),
+        "mailbox.ack": (AckParams, ack, write)}
 
 
-Handler = Callable[[Call, Any], Awaitable[Result]]
+def add_connect_hook(registry: Registry, coord: Coordination) -> None:
+    """`rpc.connected`, which the gateway runs for each new connection before accepting it (after the hooks:
+    it needs none). A client calling it itself only repeats what its connect did."""
+    async def connected(call: Call, _: Params) -> Result:
+        await coord.connect(call)
+        return {}
+
+    registry.add(CONNECTED, Params, connected, "sessions:read")
 
 
 def wrap(registry: Registry, name: str, make: Callable[[Handler], Handler]) -> None:

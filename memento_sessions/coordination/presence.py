@@ -9,8 +9,9 @@ agent's `alive` score fresh, which is what keeps its leases from being orphaned.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,7 @@ import anyio
 import pydantic_core
 
 from memento_sessions import keys
+from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.logs import get_logger
@@ -62,6 +64,7 @@ class Presence:
         self.beat = min(5.0, settings.presence_idle / 3, settings.lease_orphan_grace / 3)
         self.conns: dict[str, Conn] = {}
         self.seen: set[tuple[str, str]] = set()  # agents that called without a connection (MCP) since the last beat
+        self._token_roles: dict[tuple[str, str], tuple[frozenset[str], float]] = {}  # written: roles, until when
         self.spawn: Spawn | None = None
 
     def touch(self, call: Call) -> Conn | None:
@@ -80,7 +83,7 @@ class Presence:
         return conn
 
     def connect(self, call: Call) -> Conn:
-        """The first request of a connection: track it until it closes."""
+        """A new connection: track it until it closes."""
         assert call.peer is not None
         conn = Conn(call.identity.namespace, call.identity.agent_id, call.peer, now_ms())
         self.conns[call.peer.conn_id] = conn
@@ -201,18 +204,39 @@ class Presence:
                 conn.idle = True
                 await self._publish_all(conn, "idle")
 
-    async def set_roles(self, namespace: str, agent: str, roles: list[str]) -> Result:
-        """Declare the agent's roles (replacing earlier ones): mailbox.send to `role:<name>` reaches it."""
+    async def set_roles(self, who: Identity, roles: list[str]) -> Result:
+        """Declare the caller's roles (replacing those it declared before; its token's roles stay):
+        mailbox.send to `role:<name>` reaches it."""
+        namespace, agent, kept = who.namespace, who.agent_id, set(roles) | who.roles
         old = await self.store.command("HGET", keys.agent_roles(namespace), agent)
-        for role in (old or "").split(","):
-            if role and role not in roles:
-                await self.store.command("SREM", keys.role_members(namespace, role), agent)
-        for role in roles:
-            await self.store.command("SADD", keys.role_members(namespace, role), agent)
-            await self.store.command("EXPIRE", keys.role_members(namespace, role), ROLE_TTL)
-        await self.store.command("HSET", keys.agent_roles(namespace), agent, ",".join(roles))
-        await self.store.command("EXPIRE", keys.agent_roles(namespace), ROLE_TTL)
-        return {"agentId": agent, "roles": roles}
+        gone = [role for role in (old or "").split(",") if role and role not in kept]
+        await asyncio.gather(
+            *(self.store.command("SREM", keys.role_members(namespace, role), agent) for role in gone),
+            self._add_roles(namespace, agent, kept),
+            self.store.command("HSET", keys.agent_roles(namespace), agent, ",".join(roles)),
+            self.store.command("EXPIRE", keys.agent_roles(namespace), ROLE_TTL))
+        return {"agentId": agent, "roles": sorted(kept)}
+
+    async def token_roles(self, who: Identity) -> None:
+        """Make the agent a member of its token's roles; written once per process and agent (again when its
+        roles differ or ROLE_REFRESH has passed), so a connect or an MCP call costs no Redis call after that."""
+        if not who.roles:
+            return
+        agent, now = (who.namespace, who.agent_id), time.monotonic()
+        known = self._token_roles.get(agent)
+        if known is not None and known[0] == who.roles and known[1] > now:
+            return
+        if len(self._token_roles) >= MAX_REMEMBERED:
+            self._token_roles.clear()
+        self._token_roles[agent] = (who.roles, now + ROLE_REFRESH)
+        await self._add_roles(who.namespace, who.agent_id, who.roles)
+
+    async def _add_roles(self, namespace: str, agent: str, roles: Iterable[str]) -> None:
+        await asyncio.gather(*(call for role in roles for call in (
+            self.store.command("SADD", keys.role_members(namespace, role), agent),
+            self.store.command("EXPIRE", keys.role_members(namespace, role), ROLE_TTL))))
 
 
-ROLE_TTL = 7 * 86400  # seconds a declared role is kept after it was last declared
+ROLE_TTL = 7 * 86400  # seconds a role is kept after it was last declared (or its token last seen)
+ROLE_REFRESH = 3600.0  # seconds between two writes of one agent's token roles by one daemon
+MAX_REMEMBERED = 100_000  # agents whose token roles one daemon remembers as written (cleared past it)

@@ -51,17 +51,31 @@ class Coordination:
         finally:
             self.presence.spawn = None  # connections closing after this (shutdown) start no task in a dead group
 
+    async def connect(self, call: Call) -> None:
+        """A new connection (the gateway calls this before it accepts the WebSocket, through `rpc.connected`):
+        from now on its agent is present and live (presence, lease liveness), gets its mailbox messages and
+        lease conflicts pushed, and is reached by messages to its token's roles; it need not send anything."""
+        if call.peer is None or call.peer.conn_id in self.presence.conns:
+            return
+        self.presence.connect(call)
+        try:
+            await self.presence.token_roles(call.identity)
+            await self.mailbox.attach(call.identity.namespace, call.identity.agent_id, call.peer)
+        except UNAVAILABLE as exc:
+            # Redis is away: the connection goes on (a request that needs Redis fails on its own); the listener
+            # stays attached, so push resumes when the fan-out resubscribes, and messages wait in the mailbox.
+            log.warning("mailbox push not confirmed yet", agent_id=call.identity.agent_id, error=repr(exc))
+
     async def seen(self, call: Call) -> Conn | None:
-        """Note a request; a connection's first one starts its presence and its mailbox push."""
+        """Note a request. A connection not announced at connect (a transport without the hook) connects now;
+        an MCP caller's token roles are registered (once per process and agent)."""
         conn = self.presence.touch(call)
-        if conn is None and call.peer is not None and call.peer.conn_id not in self.presence.conns:
-            conn = self.presence.connect(call)
-            try:
-                await self.mailbox.attach(call.identity.namespace, call.identity.agent_id, call.peer)
-            except UNAVAILABLE as exc:
-                # Redis is away: the request goes on (and fails on its own if it needs Redis); the listener
-                # stays attached, so push resumes when the fan-out resubscribes, and messages wait in the mailbox.
-                log.warning("mailbox push not confirmed yet", agent_id=call.identity.agent_id, error=repr(exc))
+        if call.peer is None:
+            if call.identity.roles:
+                await self.presence.token_roles(call.identity)
+        elif conn is None and call.peer.conn_id not in self.presence.conns:
+            await self.connect(call)
+            conn = self.presence.conns.get(call.peer.conn_id)
         return conn
 
     async def handoff_leases(self, namespace: str, handoff: Result) -> Result:

@@ -19,10 +19,9 @@ from memento_sessions.coordination.methods import (
     ReadParams,
     Recipient,
     RenewParams,
-    Subject,
 )
 from memento_sessions.mcp.models import Bounds
-from memento_sessions.sessions.models import ClientId, EntityId
+from memento_sessions.sessions.models import ClientId, EntityId, ShortText
 
 if TYPE_CHECKING:
     from memento_sessions.mcp.tools import Tools
@@ -43,7 +42,7 @@ Mode = Annotated[Literal["exclusive", "shared"], Field(
     description="'exclusive' (granted only if nobody else holds any of them) or 'shared' (advisory: always "
                 "granted, conflicts reported).")]
 LeaseSession = Annotated[ClientId | None, Field(description="The session you work in, if any.")]
-Reason = Annotated[Subject | None, Field(description="Why you take it, shown to other agents.")]
+Reason = Annotated[ShortText | None, Field(description="Why you take it, shown to other agents.")]
 LeaseId = Annotated[ClientId, Field(description="The leaseId returned by acquire_lease.")]
 RenewTtl = Annotated[int, Bounds(RenewParams, "ttl"), Field(description="Seconds from now the lease lasts.")]
 LeaseEntity = Annotated[EntityId | None, Field(description="Only leases covering this entity.")]
@@ -52,7 +51,7 @@ LeaseCursor = Annotated[ClientId | None, Field(description="Omit first; then the
 LeaseLimit = Annotated[int, Bounds(ListLeasesParams, "limit"), Field(description="At most this many leases.")]
 To = Annotated[Recipient, Field(description="An agent id, 'role:<name>' (agents that declared the role) or "
                                             "'session:<id>' (every agent of that session but you).")]
-MessageSubject = Annotated[Subject | None, Field(description="A short subject line.")]
+MessageSubject = Annotated[ShortText | None, Field(description="A short subject line.")]
 Body = Annotated[JsonValue, Field(description="The message: any JSON, at most 16 KiB encoded.")]
 MessageTtl = Annotated[int | None, Field(ge=60, le=30 * 86400, description="Seconds an unread message is kept.")]
 MessageId = Annotated[ClientId | None, Field(description="Your id for the message: sending it again is harmless.")]

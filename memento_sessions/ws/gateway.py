@@ -17,6 +17,7 @@ import structlog
 from starlette.types import Receive, Scope, Send
 
 from memento_sessions.auth import AuthError, bearer, verify_token
+from memento_sessions.coordination.methods import CONNECTED
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
 from memento_sessions.ratelimit import TokenBucket
@@ -63,6 +64,7 @@ class Gateway:
         self.connections.add(conn)  # before the accept's await: the cap counts this connection at once
         WS_CONNECTIONS.inc()
         try:
+            await self._connected(conn)
             await send({"type": "websocket.accept"})
             with structlog.contextvars.bound_contextvars(conn_id=conn.conn_id, agent_id=conn.identity.agent_id):
                 async with anyio.create_task_group() as tg:
@@ -77,6 +79,13 @@ class Gateway:
             WS_CONNECTIONS.dec()
             if not self.accepting and not self.connections:
                 self.closed_all.set()
+
+    async def _connected(self, conn: Connection) -> None:
+        """Run the `rpc.connected` hook (coordination: presence and the agent's pushes) before the accept, so a
+        client that never sends a request is present and gets its pushes from the moment it is connected."""
+        hook = self.registry.methods.get(CONNECTED)
+        if hook is not None:
+            await hook.handler(Call(conn.identity, conn), hook.params())
 
     async def _read(self, conn: Connection, receive: Receive, scope: anyio.CancelScope) -> None:
         call = Call(conn.identity, conn)
