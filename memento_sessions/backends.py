@@ -18,6 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from memento_sessions import keys
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
@@ -143,8 +144,8 @@ class Backends:
     graph_prefix: str
 
     def graph_name(self, namespace: str) -> str:
-        """The KG graph of a namespace: `<graph>` for default, else `<graph>_<ns>`."""
-        return self.graph_prefix if namespace == "default" else f"{self.graph_prefix}_{namespace}"
+        """The KG graph of a namespace under this daemon's MEMENTO_KG_GRAPH (keys.graph_name)."""
+        return keys.graph_name(self.graph_prefix, namespace)
 
 
 def falkordb_client(url: str) -> FalkorDB:

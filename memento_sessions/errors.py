@@ -56,9 +56,16 @@ class BadRecord(MementoError):
 
 
 class RpcError(MementoError):
-    """An error a JSON-RPC client receives as `{"code", "message", "data"}`."""
+    """An error a JSON-RPC client receives as `{"code", "message", "data"}`.
+
+    Each subclass names its code in its class statement (`class NotFound(RpcError, code=-32004)`).
+    """
 
     code = -32603
+
+    def __init_subclass__(cls, code: int, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.code = code
 
     def __init__(self, message: str, data: Any = None) -> None:
         super().__init__(message)
@@ -73,39 +80,37 @@ class RpcError(MementoError):
         return error
 
 
-class ParseError(RpcError):
-    code = -32700
+class ParseError(RpcError, code=-32700):
+    """The frame is not valid JSON."""
 
 
-class InvalidRequest(RpcError):
-    code = -32600
+class InvalidRequest(RpcError, code=-32600):
+    """The frame is JSON but not a JSON-RPC 2.0 request (batches are not supported)."""
 
 
-class MethodNotFound(RpcError):
-    code = -32601
+class MethodNotFound(RpcError, code=-32601):
+    """No method (or MCP tool) of that name."""
 
 
-class InvalidParams(RpcError):
-    code = -32602
+class InvalidParams(RpcError, code=-32602):
+    """The params do not fit the method; data lists each field error."""
 
 
-class Forbidden(RpcError):
-    code = -32001
+class Forbidden(RpcError, code=-32001):
+    """The token lacks the method's scope, or the caller acts as someone it is not."""
 
 
-class NotFound(RpcError):
-    code = -32004
+class NotFound(RpcError, code=-32004):
+    """What the request names does not exist in the caller's namespace (or has expired)."""
 
 
-class Conflict(RpcError):
-    code = -32009
+class Conflict(RpcError, code=-32009):
+    """The request is valid but the state refuses it (a bound reached, events compacted ...); data.reason says which."""
 
 
-class RateLimited(RpcError):
-    code = -32029
+class RateLimited(RpcError, code=-32029):
+    """The caller is over its rate; nothing ran, and data.retryAfterMs says when to try again."""
 
 
-class BackendUnavailable(RpcError):
+class BackendUnavailable(RpcError, code=-32050):
     """Redis, FalkorDB or Postgres did not answer; the message names which."""
-
-    code = -32050

@@ -1,4 +1,4 @@
-"""Every Redis key and channel name, built here and nowhere else.
+"""Every Redis key and channel name, built here and nowhere else (a FalkorDB graph is a key too).
 
 All keys of one session share the hash tag `{<sessionId>}`, so a session lives in one Cluster slot
 and one Redis Function call may touch all of them; so does the session's pub/sub channel, which the
@@ -58,11 +58,6 @@ def announce_channel(ns: str) -> str:
     return f"{PREFIX}:{ns}:sessions"
 
 
-def channel_pattern() -> str:
-    """Pattern matching every channel of every namespace (the daemon's one pub/sub connection)."""
-    return f"{PREFIX}:*"
-
-
 def daemon_channel(daemon_id: str) -> str:
     """A channel only this daemon subscribes to: it keeps the pub/sub connection in subscribe mode."""
     return f"{PREFIX}:_system:daemon:{daemon_id}"
@@ -86,6 +81,21 @@ def pending_snapshot_index() -> str:
 def retention_lease() -> str:
     """Lease held by the one daemon that runs the retention jobs."""
     return f"{PREFIX}:_system:retention-lease"
+
+
+# The knowledge graph (kg/): one FalkorDB graph per namespace, named from MEMENTO_KG_GRAPH (`prefix`).
+
+
+def graph_name(prefix: str, ns: str) -> str:
+    """The KG graph of a namespace: `<prefix>` for default, else `<prefix>_<ns>`."""
+    return prefix if ns == "default" else f"{prefix}_{ns}"
+
+
+def graph_namespace(prefix: str, name: str) -> str | None:
+    """The namespace whose graph `name` is (graph_name read back); None for a graph not under `prefix`."""
+    if name == prefix:
+        return "default"
+    return name.removeprefix(prefix + "_") if name.startswith(prefix + "_") else None
 
 
 # Coordination (coordination/, docs/coordination.md). A namespace's leases, roles and liveness share the

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.errors import ConfigError
+
+# Bounds that several settings share.
+Port = Annotated[int, Field(ge=0, le=65535)]  # 0: any free port
+Days = Annotated[int, Field(ge=1, le=3650)]  # a retention age: a day to ten years
+Rate = Annotated[float, Field(ge=0.0, le=1_000_000.0)]  # requests a second (a connection's, an agent's); 0: off
 
 
 class Settings(BaseSettings):
@@ -27,20 +32,20 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(default=10, ge=1, le=100_000)
     checkpoint_grace_ttl: int = Field(default=300, ge=1, le=86400)
     anchor_cap: int = Field(default=5, ge=1, le=1000)
-    anchor_max_age_days: int = Field(default=7, ge=1, le=3650)
-    snapshot_max_age_days: int = Field(default=30, ge=1, le=3650)
+    anchor_max_age_days: Days = 7
+    snapshot_max_age_days: Days = 30
     log_format: Literal["console", "json"] | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     host: str = "127.0.0.1"
-    port: int = Field(default=8765, ge=0, le=65535)
+    port: Port = 8765
     data_dir: Path = Path(".memento")
-    embedded_redis_port: int = Field(default=0, ge=0, le=65535)
-    embedded_postgres_port: int = Field(default=0, ge=0, le=65535)
+    embedded_redis_port: Port = 0
+    embedded_postgres_port: Port = 0
     token: str | None = None
     ws_send_buffer: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
     ws_ping_interval: float = Field(default=20.0, ge=0.1, le=300.0)
-    ws_rate_limit: float = Field(default=5000.0, ge=0.0, le=1_000_000.0)
-    mcp_rate_limit: float = Field(default=1000.0, ge=0.0, le=1_000_000.0)
+    ws_rate_limit: Rate = 5000.0
+    mcp_rate_limit: Rate = 1000.0
     mcp_allowed_hosts: str = ""  # comma-separated `name` or `name:port`, e.g. a reverse proxy's public name
     redis_spin_us: int = Field(default=250, ge=0, le=10_000)
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
@@ -59,7 +64,7 @@ class Settings(BaseSettings):
     auto_compact: bool = True
     compact_keep: int = Field(default=1000, ge=0, le=100_000_000)
     on_idle: Literal["expire", "suspend"] = "expire"
-    archive_after_days: int = Field(default=30, ge=1, le=3650)
+    archive_after_days: Days = 30
 
     @field_validator("redis_url", "falkordb_url")
     @classmethod

@@ -14,9 +14,9 @@ from prometheus_client import REGISTRY
 from memento_sessions.backends import Backends
 from memento_sessions.checkpoints.aggregate import Summary
 from memento_sessions.checkpoints.anchors import epoch_ms, prune_anchors, write_anchor
-from memento_sessions.checkpoints.retention import Lease, prune, run_while_leader
+from memento_sessions.checkpoints.retention import Lease, PruneReport, prune, run_while_leader
 from memento_sessions.checkpoints.snapshots import Snapshots, partition_name
-from memento_sessions.kg.graph import Graph
+from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.kg.loader import EdgeRecord, NodeRecord, upsert
 from memento_sessions.settings import Settings
 
@@ -134,6 +134,11 @@ async def test_anchor_write_latency_with_ten_entities(graph: Graph) -> None:
     assert await count(graph, "MATCH (a:SessionAnchor) RETURN count(a)") == 5
 
 
+async def prune_now(backends: Backends, namespaces: list[str] | None, settings: Settings) -> PruneReport:
+    """One retention run, as `memento-sessions prune` runs it: a Graphs and a Snapshots of its own."""
+    return await prune(Graphs(backends), Snapshots(backends.postgres), namespaces, settings)
+
+
 async def test_prune_runs_both_retention_jobs(backends: Backends, graph: Graph, namespace: str,
                                               settings: Settings) -> None:
     await write_anchor(graph, "cp-old", "s-1", summary("e1"), NOW - timedelta(days=settings.anchor_max_age_days + 1),
@@ -141,7 +146,7 @@ async def test_prune_runs_both_retention_jobs(backends: Backends, graph: Graph, 
     await write_anchor(graph, "cp-new", "s-1", summary("e1"), NOW, cap=5)
     old_day = NOW - timedelta(days=settings.snapshot_max_age_days + 20)
     await Snapshots(backends.postgres).store_snapshot(namespace, "s-1", f"cp-{uuid.uuid4()}", "broken", [], old_day)
-    report = await prune(backends, [namespace], settings)
+    report = await prune_now(backends, [namespace], settings)
     assert report.anchors == {namespace: 1}
     assert partition_name(old_day.date()) in report.partitions
     assert await anchors_of(graph, "e1") == ["cp-new"]
@@ -157,19 +162,19 @@ async def test_stubs_no_anchor_points_at_are_pruned_with_their_anchors(backends:
     await write_anchor(graph, "cp-new", "s-1", summary("fn:kept"), NOW, cap=5)
     assert await count(graph, "MATCH (e:CodebaseEntity) WHERE e.stub = true RETURN count(e)") == 4
     pruned = REGISTRY.get_sample_value("memento_kg_stubs_pruned_total") or 0.0
-    report = await prune(backends, [namespace], settings)
+    report = await prune_now(backends, [namespace], settings)
     assert (report.anchors, report.stubs, report.stubs_removed) == ({namespace: 1}, {namespace: 2}, 2)
     assert REGISTRY.get_sample_value("memento_kg_stubs_pruned_total") == pruned + 2
     left = await rows(graph, "MATCH (e:CodebaseEntity) RETURN e.id, e.stub ORDER BY e.id")
     # the loaded entity, the stub a loaded edge ends at and the stub a live anchor points at remain
     assert left == [["fn:edge-end", True], ["fn:kept", True], ["fn:loaded", None]]
-    assert (await prune(backends, [namespace], settings)).stubs == {namespace: 0}
+    assert (await prune_now(backends, [namespace], settings)).stubs == {namespace: 0}
 
 
 async def test_prune_without_namespaces_finds_every_namespace_graph(backends: Backends, graph: Graph,
                                                                     namespace: str, settings: Settings) -> None:
     await write_anchor(graph, "cp-old", "s-1", summary("e1"), NOW - timedelta(days=30), cap=5)
-    report = await prune(backends, None, settings)
+    report = await prune_now(backends, None, settings)
     assert report.anchors[namespace] == 1
 
 

@@ -58,3 +58,15 @@ def test_the_docstring_tree_is_the_class_tree() -> None:
               and cls.__base__ is not None}
     assert drawn == actual
     assert drawn["BackendUnavailable"] == "RpcError"
+
+
+def test_every_rpc_error_keeps_its_code() -> None:
+    """The codes of SPEC section 6, as each class declares it (`class NotFound(RpcError, code=-32004)`)."""
+    codes = {name: cls.code for name, cls in vars(errors).items()
+             if inspect.isclass(cls) and issubclass(cls, errors.RpcError)}
+    assert codes == {"RpcError": -32603, "ParseError": -32700, "InvalidRequest": -32600, "MethodNotFound": -32601,
+                     "InvalidParams": -32602, "Forbidden": -32001, "NotFound": -32004, "Conflict": -32009,
+                     "RateLimited": -32029, "BackendUnavailable": -32050}
+    assert errors.Conflict("full", {"reason": "session_full"}).to_dict() == {
+        "code": -32009, "message": "full", "data": {"reason": "session_full"}}
+    assert errors.NotFound("gone").to_dict() == {"code": -32004, "message": "gone"}

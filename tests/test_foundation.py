@@ -111,6 +111,25 @@ def test_bad_setting_names_the_variable() -> None:
         load_settings(redis_url="http://x")
 
 
+@pytest.mark.parametrize(("name", "default", "low", "high"), [
+    ("port", 8765, 0, 65535), ("embedded_redis_port", 0, 0, 65535), ("embedded_postgres_port", 0, 0, 65535),
+    ("anchor_max_age_days", 7, 1, 3650), ("snapshot_max_age_days", 30, 1, 3650), ("archive_after_days", 30, 1, 3650),
+    ("ws_rate_limit", 5000.0, 0.0, 1_000_000.0), ("mcp_rate_limit", 1000.0, 0.0, 1_000_000.0),
+])
+def test_settings_that_share_bounds_keep_their_variable_default_and_bounds(
+        name: str, default: float, low: float, high: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Port, Days and Rate (settings.py) are the bounds of several settings: each setting keeps its own."""
+    variable = f"MEMENTO_{name.upper()}"
+    monkeypatch.delenv(variable, raising=False)
+    assert getattr(load_settings(), name) == default
+    monkeypatch.setenv(variable, str(high))
+    assert getattr(load_settings(), name) == high
+    for bad, bound in ((low - 1, "greater than or equal to"), (high + 1, "less than or equal to")):
+        monkeypatch.setenv(variable, str(bad))
+        with pytest.raises(ConfigError, match=rf"^invalid {variable}: .*{bound}"):
+            load_settings()
+
+
 def test_serve_with_a_bad_variable_exits_2_with_one_line(tmp_path: object) -> None:
     env = {"MEMENTO_CHECKPOINT_EVERY": "zero", "PATH": "/usr/bin:/bin"}
     done = subprocess.run([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env,

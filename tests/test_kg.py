@@ -15,6 +15,7 @@ import anyio
 import pytest
 from falkordb import FalkorDB
 
+from memento_sessions import keys
 from memento_sessions.backends import Backends, open_backends
 from memento_sessions.checkpoints.aggregate import Summary
 from memento_sessions.checkpoints.anchors import write_anchor
@@ -81,6 +82,15 @@ async def test_upsert_in_batches_reports_progress(graph: Graph) -> None:
     assert progress == [(500, 1511), (1000, 1511), (1010, 1511), (1510, 1511), (1511, 1511)]
     assert await rows(graph, "MATCH (n) RETURN count(n)") == [[1010]]
     assert await rows(graph, "MATCH ()-[r:REQUIRES]->() RETURN count(r)") == [[501]]
+
+
+def test_graph_names_read_back_to_their_namespace() -> None:
+    """keys.graph_name and its reverse, keys.graph_namespace (retention finds the namespaces by it)."""
+    assert [keys.graph_name("memento", ns) for ns in ("default", "team-a", "a_b")] == [
+        "memento", "memento_team-a", "memento_a_b"]
+    for ns in ("default", "team-a", "a_b", "memento"):
+        assert keys.graph_namespace("memento", keys.graph_name("memento", ns)) == ns
+    assert [keys.graph_namespace("memento", name) for name in ("mementos", "other_team-a", "other")] == [None] * 3
 
 
 @pytest.mark.anyio

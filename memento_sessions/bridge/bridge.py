@@ -23,6 +23,7 @@ from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT
 from memento_sessions.bridge.timeline import Event, breakages, by_actor, perf_sum, touched
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.errors import NotFound
+from memento_sessions.kg.graph import Graphs
 from memento_sessions.metrics import BRIDGE_QUERY_SECONDS, REPLY_PAGES
 from memento_sessions.sessions.manager import SessionManager, iso, now_ms
 from memento_sessions.sessions.paging import PAGE, Page, page_bytes
@@ -46,12 +47,14 @@ class SessionBridge:
     """transitions, isolate, handoff and outcomes over one daemon's manager and backends."""
 
     def __init__(self, manager: SessionManager, backends: Backends, cache_events: int = 0,
-                 cache_bytes: int = DEFAULT_BYTES) -> None:
+                 cache_bytes: int = DEFAULT_BYTES, *, graphs: Graphs | None = None,
+                 snapshots: Snapshots | None = None) -> None:
+        """`graphs` and `snapshots`: the daemon's one instance of each (server/services.py); a caller of its
+        own (a test, a bench) may leave them out."""
         self.manager = manager
-        self.backends = backends
         self.cache = EventCache(cache_events, cache_bytes)
-        self.graphs = NamespaceGraphs(backends)
-        self.snapshots = Snapshots(backends.postgres)
+        self.graphs = NamespaceGraphs(backends, graphs)
+        self.snapshots = snapshots or Snapshots(backends.postgres)
 
     async def transitions(self, ns: str, session_id: str, entity_id: str | None = None) -> Result:
         """Every working-to-broken transition, with the KG context of the entities changed before it."""

@@ -20,11 +20,15 @@ Row = list[Any]
 
 
 class NamespaceGraphs:
-    """Runs a query on `Backends.graph_name(ns)` only: a namespace never reads another's graph."""
+    """Runs a query on `Backends.graph_name(ns)` only: a namespace never reads another's graph.
 
-    def __init__(self, backends: Backends) -> None:
+    In the daemon `graphs` is its one Graphs (server/services.py), so the checkpointer and the bridge
+    index a graph once between them; a caller of its own (a test) may leave it out.
+    """
+
+    def __init__(self, backends: Backends, graphs: Graphs | None = None) -> None:
         self.backends = backends
-        self.graphs = Graphs(backends)
+        self.graphs = graphs or Graphs(backends)
 
     async def rows(self, namespace: str, query: str, params: dict[str, Any]) -> list[Row]:
         """The rows of a read-only query; none when the namespace has no graph yet."""

@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from memento_sessions.bridge.bridge import SessionBridge
 from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import ClientId, EntityId, Seq
-
-
-class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SessionParams(Params):
-    sessionId: ClientId
 
 
 class TransitionsParams(SessionParams):

@@ -81,12 +81,16 @@ def snapshot_ref(cp_id: str) -> str:
 
 
 class Checkpointer:
-    """Runs checkpoints for every namespace; `request` queues one, `checkpoint` runs one now."""
+    """Runs checkpoints for every namespace; `request` queues one, `checkpoint` runs one now.
 
-    def __init__(self, settings: Settings, backends: Backends, manager: SessionManager) -> None:
+    `graphs` and `snapshots` are the daemon's one instance of each (server/services.py), shared with the
+    bridge and the retention job, so a graph is indexed and the schema migrated once per daemon.
+    """
+
+    def __init__(self, settings: Settings, backends: Backends, manager: SessionManager, graphs: Graphs,
+                 snapshots: Snapshots) -> None:
         self.settings, self.backends, self.manager = settings, backends, manager
-        self.graphs = Graphs(backends)
-        self.snapshots = Snapshots(backends.postgres)
+        self.graphs, self.snapshots = graphs, snapshots
         self.pending = PendingSnapshots(backends.redis, settings.snapshot_max_age_days * 86_400)
         send, receive = anyio.create_memory_object_stream[tuple[str, str]](QUEUE_SIZE)
         self._send: MemoryObjectSendStream[tuple[str, str]] = send

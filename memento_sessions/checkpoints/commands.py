@@ -52,7 +52,9 @@ def prune_now(args: argparse.Namespace, settings: Settings) -> int:
 async def _prune(settings: Settings) -> PruneReport:
     from memento_sessions.backends import open_backends
     from memento_sessions.checkpoints.retention import prune
+    from memento_sessions.checkpoints.snapshots import Snapshots
+    from memento_sessions.kg.graph import Graphs
 
     endpoints = resolve(settings)
     async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends:
-        return await prune(backends, None, settings)
+        return await prune(Graphs(backends), Snapshots(backends.postgres), None, settings)

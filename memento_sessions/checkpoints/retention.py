@@ -19,11 +19,10 @@ import redis.asyncio as aioredis
 from anyio.abc import TaskStatus
 
 from memento_sessions import keys
-from memento_sessions.backends import UNANSWERED, UNAVAILABLE, Backends
+from memento_sessions.backends import UNANSWERED, UNAVAILABLE
 from memento_sessions.checkpoints.anchors import prune_graph
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
-from memento_sessions.kg.graph import namespaces as graph_namespaces
 from memento_sessions.logs import get_logger
 from memento_sessions.settings import Settings
 
@@ -64,19 +63,16 @@ class PruneReport:
         return sum(self.stubs.values())
 
 
-async def prune(backends: Backends, namespaces: Iterable[str] | None, settings: Settings,
-                snapshots: Snapshots | None = None) -> PruneReport:
+async def prune(graphs: Graphs, snapshots: Snapshots, namespaces: Iterable[str] | None,
+                settings: Settings) -> PruneReport:
     """Run both retention jobs once; `namespaces` None means every namespace that has a graph."""
     report = PruneReport()
-    names = namespaces if namespaces is not None else await graph_namespaces(backends.falkordb, backends.graph_prefix)
-    graphs = Graphs(backends)
-    for namespace in names:
+    for namespace in namespaces if namespaces is not None else await graphs.namespaces():
         graph = await graphs.get(namespace)
         pruned = await prune_graph(graph, timedelta(days=settings.anchor_max_age_days))
         report.anchors[namespace], report.stubs[namespace] = pruned
-    if backends.postgres.enabled:
-        store = snapshots or Snapshots(backends.postgres)
-        report.partitions = await store.drop_old_partitions(settings.snapshot_max_age_days)
+    if snapshots.postgres.enabled:
+        report.partitions = await snapshots.drop_old_partitions(settings.snapshot_max_age_days)
     return report
 
 
@@ -166,11 +162,10 @@ async def _run_logged(job: Callable[[], Awaitable[object]]) -> None:
     log.info("retention run", result=repr(result))
 
 
-def retention_job(backends: Backends, settings: Settings) -> Callable[[], Awaitable[PruneReport]]:
+def retention_job(graphs: Graphs, snapshots: Snapshots, settings: Settings) -> Callable[[], Awaitable[PruneReport]]:
     """The daemon's job: prune every namespace."""
-    snapshots = Snapshots(backends.postgres)
 
     async def job() -> PruneReport:
-        return await prune(backends, None, settings, snapshots)
+        return await prune(graphs, snapshots, None, settings)
 
     return job

@@ -6,8 +6,9 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
+from memento_sessions.protocol import MAX_FRAME as MAX_FRAME  # the daemon's limit, checked before sending
+
 Result = dict[str, Any]
-MAX_FRAME = 1024 * 1024
 
 
 def token_source(token: str | Callable[[], str]) -> Callable[[], str]:

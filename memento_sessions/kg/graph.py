@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any, Literal, get_args
 
 import anyio
-from falkordb.asyncio import FalkorDB
 from redis.exceptions import ResponseError
 
+from memento_sessions import keys
 from memento_sessions.backends import Backends, translated
 
 Label = Literal["CodebaseEntity", "SemanticCluster", "Spec", "Benchmark", "Test", "Symbol"]
@@ -94,16 +94,15 @@ class Graphs:
             found = await self.backends.falkordb.connection.exists(name)
         return await self.get(namespace) if found else None
 
+    async def namespaces(self) -> list[str]:
+        """The namespaces that have a graph under this daemon's prefix (keys.graph_namespace)."""
+        with translated("falkordb"):
+            listed = await self.backends.falkordb.connection.execute_command(LIST_GRAPHS)
+        names = (name.decode() if isinstance(name, bytes) else str(name) for name in listed)
+        prefix = self.backends.graph_prefix
+        return sorted({ns for name in names if (ns := keys.graph_namespace(prefix, name)) is not None})
+
     def forget(self, namespace: str) -> None:
         """The graph was deleted: index it again if it comes back."""
         self._ready.pop(self.backends.graph_name(namespace), None)
 
-
-async def namespaces(db: FalkorDB, prefix: str) -> list[str]:
-    """The namespaces that have a graph: `<prefix>` is default, `<prefix>_<ns>` is ns."""
-    with translated("falkordb"):
-        listed = await db.connection.execute_command(LIST_GRAPHS)
-    names = [name.decode() if isinstance(name, bytes) else str(name) for name in listed]
-    found = {"default" if name == prefix else name.removeprefix(prefix + "_")
-             for name in names if name == prefix or name.startswith(prefix + "_")}
-    return sorted(found)

@@ -22,6 +22,7 @@ from memento_sessions.endpoints import Endpoints, postgres_dsn, remove_runtime, 
 from memento_sessions.errors import ConfigError
 from memento_sessions.logs import get_logger, guard_library_logs
 from memento_sessions.metrics import GC_PAUSE_SECONDS
+from memento_sessions.protocol import MAX_FRAME
 from memento_sessions.server.health import Health, probe_forever
 from memento_sessions.settings import Settings
 
@@ -30,7 +31,6 @@ if TYPE_CHECKING:  # imported for real by load_services(), while the embedded se
     from memento_sessions.ws.gateway import Gateway
 
 log = get_logger(__name__)
-MAX_FRAME = 1024 * 1024
 SHUTDOWN_GRACE = 2.0
 GC_THRESHOLDS = (10_000, 10, 10)
 

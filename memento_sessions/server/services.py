@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import anyio
-from anyio.abc import TaskGroup
 from starlette.types import ASGIApp
 
 from memento_sessions import keys
@@ -18,9 +17,11 @@ from memento_sessions.bridge import methods as bridge_methods
 from memento_sessions.checkpoints import methods as checkpoint_methods
 from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.retention import Lease, retention_job, run_while_leader
+from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.coordination import methods as coordination_methods
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.kg import methods as kg_methods
+from memento_sessions.kg.graph import Graphs
 from memento_sessions.mcp.http import serve_mcp
 from memento_sessions.redisio.cluster import open_pipe
 from memento_sessions.redisio.fanout import Fanout
@@ -44,7 +45,6 @@ class Services:
     manager: SessionManager
     fanout: Fanout
     checkpointer: Checkpointer
-    tasks: TaskGroup
     mcp_app: ASGIApp | None = None
 
     async def drain(self) -> None:
@@ -64,22 +64,24 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
         async with anyio.create_task_group() as tg:
             await tg.start(fanout.run)
             tg.start_soon(janitor, backends.redis)
-            checkpointer = Checkpointer(settings, backends, manager)
+            graphs, snapshots = Graphs(backends), Snapshots(backends.postgres)  # the daemon's one of each
+            checkpointer = Checkpointer(settings, backends, manager, graphs, snapshots)
             await tg.start(checkpointer.run)
-            await tg.start(run_while_leader, Lease(backends.redis), retention_job(backends, settings))
+            await tg.start(run_while_leader, Lease(backends.redis), retention_job(graphs, snapshots, settings))
             session_methods.register(registry, manager)
             tg.start_soon(lifecycle_methods.register(registry, manager, backends).run)  # extends session.*
             conversation_methods.register(registry, manager)
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
-            kg_methods.register(registry, checkpointer.graphs)
-            bridge = SessionBridge(manager, backends, settings.bridge_cache_events, settings.bridge_cache_bytes)
+            kg_methods.register(registry, graphs)
+            bridge = SessionBridge(manager, backends, settings.bridge_cache_events, settings.bridge_cache_bytes,
+                                   graphs=graphs, snapshots=snapshots)
             bridge_methods.register(registry, bridge)
-            coordination = Coordination(manager, fanout, checkpointer.graphs, settings, uuid.uuid4().hex[:12])
+            coordination = Coordination(manager, fanout, graphs, settings, uuid.uuid4().hex[:12])
             await tg.start(coordination.run)
             coordination_methods.register(registry, coordination)  # after the others: it hooks them
             async with serve_mcp(settings, registry) as mcp_app:
-                yield Services(settings, backends, registry, manager, fanout, checkpointer, tg, mcp_app)
+                yield Services(settings, backends, registry, manager, fanout, checkpointer, mcp_app)
             tg.cancel_scope.cancel()
     finally:
         await fanout.aclose()

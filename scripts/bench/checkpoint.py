@@ -11,10 +11,11 @@ from bench import cypher
 from bench.harness import Env, Figure, Samples, Target, latency_extra, pct, stored_events, timed
 from bench.watch import quiet
 from memento_sessions import keys
-from memento_sessions.backends import Backends, open_backends
+from memento_sessions.backends import open_backends
 from memento_sessions.checkpoints.aggregate import aggregate
 from memento_sessions.checkpoints.anchors import WRITE_ANCHOR, anchor_props
 from memento_sessions.checkpoints.checkpointer import Checkpointer
+from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.sessions.manager import SessionManager, now_ms
 from memento_sessions.sessions.models import EventIn
@@ -36,12 +37,13 @@ async def measure(env: Env) -> Figure:
                              checkpoint_every=100_000)
     async with open_backends(settings, env.redis_url, env.postgres_dsn) as backends:
         manager = env.manager()
-        checkpointer = Checkpointer(settings, backends, manager)
+        graphs = Graphs(backends)
+        checkpointer = Checkpointer(settings, backends, manager, graphs, Snapshots(backends.postgres))
         await checkpointer.snapshots.migrate()
         sids = [await ready_session(env, manager, window(i)) for i in range(count)]
         await quiet(env)
         ours = await timed(count, lambda i: checkpointer.checkpoint(env.namespace, sids[i]))
-        floor = await checkpoint_floor(env, backends, [await ready_session(env, manager, window(i + count))
+        floor = await checkpoint_floor(env, graphs, [await ready_session(env, manager, window(i + count))
                                                        for i in range(count)])
     return Figure("checkpoint p99 (10 entities, broken: anchors + snapshot)", "ms", pct(ours, 0.99),
                   pct(floor, 0.99), Target.below_ms(20), higher_is_better=False, extra=latency_extra(ours, floor))
@@ -54,9 +56,9 @@ async def ready_session(env: Env, manager: SessionManager, events: list[EventIn]
     return sid
 
 
-async def checkpoint_floor(env: Env, backends: Backends, sids: list[str]) -> Samples:
+async def checkpoint_floor(env: Env, graphs: Graphs, sids: list[str]) -> Samples:
     """The same backend work by bare calls: ZRANGE, the anchor Cypher, a JSONB insert, FCALL ms_checkpoint."""
-    graph = await Graphs(backends).get(env.namespace)
+    graph = await graphs.get(env.namespace)
     conn = await asyncpg.connect(env.postgres_dsn)
     await conn.execute("CREATE TABLE IF NOT EXISTS bench_floor (id bigserial PRIMARY KEY, events jsonb)")
 
