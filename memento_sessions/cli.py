@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
-# Only the standard library at import: `memento-sessions hook` runs once per agent tool call and must start
-# fast, so every command imports what it needs when it runs.
+# Nothing but `sys` at import, not even argparse or typing: `memento-sessions hook` runs once per agent tool
+# call and must start fast, so every command imports what it needs when it runs. (mypy takes any name
+# TYPE_CHECKING as true.)
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Callable, Sequence
+
     from memento_sessions.settings import Settings
 
-Command = Callable[[argparse.Namespace, "Settings"], int]
-RAW = argparse.RawDescriptionHelpFormatter
 DATA_DIR_HELP = ("data directory of the running daemon whose embedded servers to probe (MEMENTO_DATA_DIR, "
                  "default ./.memento); not needed when MEMENTO_REDIS_URL and MEMENTO_POSTGRES_DSN are set")
 MAIN_EPILOG = """\
@@ -87,6 +87,8 @@ def _token(args: argparse.Namespace, settings: Settings) -> int:
 
 def _ttl(value: str) -> int:
     """--ttl: a whole, positive number of seconds (a token that is born expired is a mistake)."""
+    import argparse
+
     try:
         seconds = int(value)
     except ValueError:
@@ -106,10 +108,12 @@ def _check(args: argparse.Namespace, settings: Settings) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every sub-command and its --help."""
+    import argparse
+
     from memento_sessions import __version__
 
     parser = argparse.ArgumentParser(
-        prog="memento-sessions", formatter_class=RAW, epilog=MAIN_EPILOG,
+        prog="memento-sessions", formatter_class=_raw(), epilog=MAIN_EPILOG,
         description="Real-time coordination daemon for swarms of AI agents. "
         "Configuration comes from MEMENTO_* environment variables (and .env); see the README.",
     )
@@ -120,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="exit 0 when every backend answers, 1 otherwise (for probes)",
                            description="Probe Redis, FalkorDB and Postgres once and print one line each; "
                            "exit 0 when all answer, 1 when one does not, 2 when no daemon or URL is found.",
-                           epilog=CHECK_EPILOG, formatter_class=RAW)
+                           epilog=CHECK_EPILOG, formatter_class=_raw())
     check.add_argument("--data-dir", help=DATA_DIR_HELP)
     check.set_defaults(func=_check)
     for register in _extra_commands():
@@ -128,11 +132,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raw() -> type[argparse.HelpFormatter]:
+    """The help formatter that keeps the epilogs' line breaks (argparse is imported only when parsing)."""
+    import argparse
+
+    return argparse.RawDescriptionHelpFormatter
+
+
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = sub.add_parser("serve", help="run the daemon (starts embedded Redis+FalkorDB and Postgres "
                            "unless MEMENTO_REDIS_URL / MEMENTO_POSTGRES_DSN are set)",
                            description="Run the daemon: WebSocket JSON-RPC on /ws, MCP on /mcp, /metrics, "
-                           "/healthz and /readyz, all on one port.", epilog=SERVE_EPILOG, formatter_class=RAW)
+                           "/healthz and /readyz, all on one port.", epilog=SERVE_EPILOG, formatter_class=_raw())
     serve.add_argument("--host", help="listen address (MEMENTO_HOST, default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="listen port (MEMENTO_PORT, default 8765; 0 picks a free one)")
     serve.add_argument("--data-dir", help="data directory of the embedded servers and of the token secret "
@@ -146,7 +157,7 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     token = sub.add_parser("token", help="print a signed token (JWT) for an agent",
                            description="Print a token (JWT) signed with the daemon's secret: MEMENTO_AUTH_SECRET, "
                            "else the one the daemon generated in its data dir.", epilog=TOKEN_EPILOG,
-                           formatter_class=RAW)
+                           formatter_class=_raw())
     token.add_argument("--agent", required=True, help="agent id, the token's subject (1..128 chars of "
                        "[A-Za-z0-9._:-])")
     token.add_argument("--namespace", default="default", help="tenant namespace the token is confined to "
@@ -184,16 +195,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from memento_sessions.cli_hook import run_hook
 
         return run_hook(given[1:])
-    from memento_sessions.embedded.datadir import DataDirLocked
-    from memento_sessions.errors import ConfigError, MementoError
-    from memento_sessions.logs import configure_logging
-    from memento_sessions.settings import load_settings
+    from memento_sessions.errors import ConfigError, DataDirLocked, MementoError
 
-    args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(**_overrides(args))
-        configure_logging(settings.log_format, settings.log_level)
-        code: int = args.func(args, settings)
+        return _run(given)
     except (ConfigError, DataDirLocked) as exc:
         print(f"memento-sessions: {exc}", file=sys.stderr)
         return 2
@@ -202,6 +207,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MementoError as exc:
         print(f"memento-sessions: {exc}", file=sys.stderr)
         return 1
+
+
+def _run(given: list[str]) -> int:
+    """The command's code: settings loaded (but for an ingest that needs none), logging set up, then run."""
+    if given[:1] == ["ingest"] and not {"-h", "--help"} & set(given):
+        from memento_sessions.cli_ingest import quick_main
+
+        quick = quick_main(given[1:])
+        if quick is not None:
+            return quick
+    from memento_sessions.logs import configure_logging
+    from memento_sessions.settings import load_settings
+
+    args = build_parser().parse_args(given)
+    settings = load_settings(**_overrides(args))
+    configure_logging(settings.log_format, settings.log_level)
+    code: int = args.func(args, settings)
     return code
 
 

@@ -17,19 +17,21 @@ in `<data dir>/runtime.json`), MEMENTO_DATA_DIR.
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
 
+# Not even typing, argparse or datetime at import (mypy takes any name TYPE_CHECKING as true).
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # imported when delivering: a hook that only spools does without the socket modules
+    import argparse
+    from collections.abc import Iterator
+    from typing import Any, BinaryIO
+
     from memento_sessions.cli_wire import RpcFailure, Wire
 
 
@@ -48,6 +50,8 @@ daemon on 127.0.0.1).
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the `hook` command (the parser of `--help`; `run_hook` itself does not parse arguments)."""
+    import argparse
+
     hook = sub.add_parser("hook", help="for Claude Code's hooks: one hook input on stdin -> events (spooled when "
                           "the daemon is down)", description=__doc__.split("\n\n")[1], epilog=HELP,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -60,7 +64,9 @@ def spool_dir() -> Path:
 
 
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """The UTC time to the microsecond, as `2026-01-02T03:04:05.123456Z` (without importing datetime)."""
+    now = time.time_ns() // 1000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 1_000_000)) + f".{now % 1_000_000:06d}Z"
 
 
 @contextmanager

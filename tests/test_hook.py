@@ -104,12 +104,15 @@ async def test_bad_input_or_no_token_is_silent_and_exit_0(tmp_path: Path, namesp
 
 def test_the_hook_imports_nothing_heavy(tmp_path: Path, namespace: str) -> None:
     """What makes the hook fast is what it does not import: no pydantic (settings), anyio, websockets, JWT,
-    structlog or the async client; while spooling, not even the converters or the socket modules."""
-    heavy = {"pydantic", "pydantic_settings", "anyio", "websockets", "jwt", "structlog", "redis",
-             "memento_sessions.settings", "memento_sessions.client", "memento_sessions.auth"}
+    structlog, the async client, argparse, dataclasses (inspect), datetime or hashlib (OpenSSL) for an edit;
+    while spooling, not even typing, the converters or the socket modules."""
+    heavy = {"pydantic", "pydantic_settings", "anyio", "websockets", "jwt", "structlog", "redis", "argparse",
+             "dataclasses", "datetime", "hashlib", "memento_sessions.settings", "memento_sessions.client",
+             "memento_sessions.auth"}
     env = {**hook_env(tmp_path, namespace, free_port()), "PYTHONPROFILEIMPORTTIME": "1"}
     spooling = {key: value for key, value in env.items() if key != "MEMENTO_URL"}  # no daemon known: spool only
-    for variables, lean in ((env, heavy), (spooling, heavy | {"memento_sessions.ingest.claude_hooks", "socket"})):
+    only_spooling = heavy | {"memento_sessions.ingest.claude_hooks", "socket", "typing"}
+    for variables, lean in ((env, heavy), (spooling, only_spooling)):
         done = run_hook(variables, hook_input("claude-3", 0))
         imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
         assert done.returncode == 0 and "memento_sessions.cli_hook" in imported

@@ -247,6 +247,31 @@ def test_values_no_backend_can_store_are_replaced() -> None:
         "a": None, "b": "2000000000000.0", "c": "xy", "d": [None, 5], "e": True}
 
 
+def test_the_ingest_commands_fast_parser_and_encoder_give_the_same_events_as_the_standard_librarys() -> None:
+    """`memento-sessions ingest` parses and checks with pydantic-core, which writes NaN and Infinity where the
+    standard library's strict encoder refuses them: the events must come out the same, every value storable."""
+    from memento_sessions.cli_ingest import encode_fast, parse_fast
+    from memento_sessions.ingest import LineReader
+
+    awkward = [use("a1", "n1", "Write", {"file_path": f"{ROOT}/a.py", "content": "x\x00y", "n": float("nan")}),
+               use("a2", "n2", "Write", {"file_path": f"{ROOT}/b.py", "content": "ok", "big": 2e13,
+                                         "inf": [float("-inf")], "e": 1.5e-7}),
+               use("a3", "n3", "Write", {"file_path": f"{ROOT}/c.py", "content": "z" * 40_000}),
+               result("r1", "n1", "done"), result("r2", "n2", "NaN, Infinity and 12345678901234 in a string"),
+               record("user", "u1", "plain")]
+    text = [json.dumps(item) for item in awkward] + ['{"type": "user", "trunc']
+    slow, fast = LineReader("claude-code"), LineReader("claude-code", parse=parse_fast, encode=encode_fast)
+    slow_events = [event for line in text for event in slow.feed(line)]
+    fast_events = [event for line in text for event in fast.feed(line)]
+    assert fast_events == slow_events and fast.finish().as_dict() == slow.finish().as_dict()
+    inputs = [event["data"]["block"]["input"] for event in slow_events[:3]]
+    assert inputs[0] == {"file_path": f"{ROOT}/a.py", "content": "xy", "n": None}
+    assert inputs[1] == {"file_path": f"{ROOT}/b.py", "content": "ok", "big": "20000000000000.0", "inf": [None],
+                         "e": 1.5e-7}
+    assert inputs[2]["content"].endswith("…[truncated 35904 chars]")
+    assert encode_fast(slow_events[4]["data"]) == json.dumps(slow_events[4]["data"], separators=(",", ":")).encode()
+
+
 def test_unknown_fields_and_a_broken_record_never_stop_the_stream() -> None:
     stats = Stats()
     for _ in range(200):

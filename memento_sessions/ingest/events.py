@@ -8,16 +8,15 @@ number beyond 1e12 or NUL character that Postgres or FalkorDB could not store.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Callable
 from typing import Any
 
 Event = dict[str, Any]
+Encoder = Callable[[Any], bytes]  # a value as compact UTF-8 JSON; ValueError or TypeError for what has no JSON form
 
 MAX_DATA_BYTES = 16 * 1024
 # Below the daemon's 16 KiB so the keys it adds and JSON escaping differences never push an event over.
@@ -29,21 +28,33 @@ MAX_REASONS = 100
 
 _ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _ID_BAD_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
-# In compact JSON, a number value follows `:`, `,` or `[`: 13 digits or an exponent there may be beyond 1e12 (inside a
-# string the same text only sends the data down the slow, exact path).
-_BIG_NUMBER = re.compile(r"[:,\[]-?\d(?:\d{12}|[\d.]*[eE])")
+# In compact JSON, a value follows `:`, `,` or `[`: 13 digits or an exponent there may be a number beyond 1e12, and
+# NaN or Infinity is what an encoder that allows them writes (inside a string the same text only sends the data
+# down the slow, exact path).
+_SUSPECT = re.compile(rb"[:,\[](?:-?\d(?:\d{12}|[\d.]*[eE])|-?Infinity|NaN)")
 _STRICT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)  # built once: not per event
 _ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
 
-@dataclass
-class Stats:
-    """What a converter did: records read, events made, records skipped by reason, payloads capped."""
+def strict_json(value: Any) -> bytes:
+    """The standard library's compact JSON of a value, refusing NaN and Infinity (ValueError)."""
+    return _STRICT.encode(value).encode()
 
-    records: int = 0
-    events: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
-    capped: int = 0
+
+class Stats:
+    """What a converter did: records read, events made, records skipped by reason, payloads capped.
+
+    A plain class, not a dataclass: importing dataclasses (and inspect with it) costs the hook's start.
+    """
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.events = 0
+        self.skipped: Counter[str] = Counter()
+        self.capped = 0
+
+    def __repr__(self) -> str:
+        return f"Stats({self.as_dict()})"
 
     def skip(self, reason: str) -> list[Event]:
         """Count a skipped record (or part of one) and return no events."""
@@ -66,11 +77,16 @@ class Stats:
 
 
 class Converter:
-    """A converter of one source's records; `feed` never raises, whatever the record holds."""
+    """A converter of one source's records; `feed` never raises, whatever the record holds.
+
+    `encode` is what checks each event's `data` (see `checked`): the standard library's by default; a
+    caller may set a faster one with the same contract.
+    """
 
     def __init__(self, project_root: str | None = None) -> None:
         self.stats = Stats()
         self.root = project_root  # file paths are made relative to it (else to the root the source names)
+        self.encode: Encoder = strict_json
 
     def feed(self, record: Any) -> list[Event]:
         """The unified events of one source record (a parsed JSON value), counted in `stats`."""
@@ -79,6 +95,9 @@ class Converter:
             return self.stats.skip("not_an_object")
         try:
             events = self.convert(record)
+            for event in events:
+                if "data" in event:
+                    event["data"] = checked(self.stats, event["data"], self.encode)
         except (TypeError, ValueError, AttributeError, KeyError) as error:
             # A field of an unexpected type deep in a record: that record is skipped, never the stream.
             return self.stats.skip(f"malformed:{type(error).__name__}")
@@ -98,7 +117,14 @@ def obj(value: Any) -> dict[str, Any]:
 def digest(value: Any) -> str:
     """A short stable hash of any JSON value (keys sorted), for ids of records that carry none."""
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return sha256_hex(text)[:16]
+
+
+def sha256_hex(text: str) -> str:
+    """SHA-256 of the text; hashlib (which loads OpenSSL) is imported on first use, not at the hook's start."""
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def event_id(*parts: object) -> str:
@@ -107,7 +133,7 @@ def event_id(*parts: object) -> str:
     if _ID_OK.match(text):
         return text
     # Foreign characters or a long id: keep a readable prefix and make it unique with a hash of the whole.
-    return f"{_ID_BAD_CHARS.sub('_', text)[:90]}:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
+    return f"{_ID_BAD_CHARS.sub('_', text)[:90]}:{sha256_hex(text)[:32]}"
 
 
 def iso_time(value: Any) -> str | None:
@@ -115,6 +141,8 @@ def iso_time(value: Any) -> str | None:
     if isinstance(value, str) and _ISO.match(value):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0:
+        from datetime import UTC, datetime  # only epoch times need it: not imported at the hook's start
+
         seconds = value / 1000 if value > 1e11 else value
         try:
             return datetime.fromtimestamp(seconds, tz=UTC).isoformat(timespec="milliseconds")
@@ -125,28 +153,28 @@ def iso_time(value: Any) -> str | None:
 
 def make_event(stats: Stats, eid: str, etype: str, data: dict[str, Any] | None = None,
                timestamp: Any = None, **extra: Any) -> Event:
-    """One daemon event; `data` is cleaned and capped, `extra` holds changeInfo, stateTransition or impact."""
+    """One daemon event; `extra` holds changeInfo, stateTransition or impact. `Converter.feed` checks `data`."""
     event: Event = {"id": eid, "type": etype}
     stamp = iso_time(timestamp)
     if stamp:
         event["timestamp"] = stamp
     event.update({key: value for key, value in extra.items() if value is not None})
     if data is not None:
-        event["data"] = checked(stats, data)
+        event["data"] = data
     return event
 
 
-def checked(stats: Stats, data: dict[str, Any]) -> dict[str, Any]:
+def checked(stats: Stats, data: dict[str, Any], encode: Encoder = strict_json) -> dict[str, Any]:
     """`data` as `fit(clean(data))` makes it, without walking it when one encoding shows nothing to do.
 
-    The fast path is most events: encoded once (which also refuses NaN and Infinity), nothing that could be
-    a NUL or a number beyond 1e12 in the text (13 digits in a row, or an exponent), and within the budget.
+    The fast path is most events: encoded once, nothing that could be a NUL, NaN, Infinity or a number
+    beyond 1e12 in the text (13 digits in a row, or an exponent), and within the budget.
     """
     try:
-        text = _STRICT.encode(data)
-    except (TypeError, ValueError):  # NaN, Infinity, or a value JSON has no form for: clean it
+        text = encode(data)
+    except (TypeError, ValueError):  # NaN or Infinity (to a strict encoder), or a value JSON has no form for
         return fit(stats, clean(data))
-    if "\\u0000" in text or _BIG_NUMBER.search(text) or len(text.encode()) > DATA_BUDGET:
+    if b"\\u0000" in text or _SUSPECT.search(text) or len(text) > DATA_BUDGET:
         return fit(stats, clean(data))
     return data
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from memento_sessions.ingest.claude_code import ClaudeCodeTranscript
 from memento_sessions.ingest.claude_hooks import ClaudeHooks
-from memento_sessions.ingest.events import Converter, Event, Stats
+from memento_sessions.ingest.events import Converter, Encoder, Event, Stats, strict_json
 from memento_sessions.ingest.opencode import OpenCode
 from memento_sessions.ingest.stream_json import StreamJson
 
@@ -74,16 +74,22 @@ def convert_lines(lines: Iterable[str | bytes], fmt: str = "auto", project_root:
 class LineReader:
     """JSON Lines converted one line at a time (a caller can send events while it reads the rest).
 
-    `parse` turns a line into (ok, value): the standard library's by default; a caller may pass a faster
-    one with the same contract.
+    `parse` turns a line into (ok, value) and `encode` (see `Converter`) checks each event's data: the
+    standard library's by default; a caller may pass faster ones with the same contracts.
     """
 
     def __init__(self, fmt: str = "auto", project_root: str | None = None,
-                 parse: Callable[[str], tuple[bool, Any]] = parse) -> None:
-        self.root, self.parse = project_root, parse
+                 parse: Callable[[str], tuple[bool, Any]] = parse, encode: Encoder = strict_json) -> None:
+        self.root, self.parse, self.encode = project_root, parse, encode
         self.outer = Stats()  # lines no converter saw: bad JSON, records before the format was known
-        self.active = None if fmt == "auto" else converter(fmt, project_root)
+        self.active = None if fmt == "auto" else self.start(fmt)
         self.pending: list[Any] = []  # records read before the format is known
+
+    def start(self, fmt: str) -> Converter:
+        """The converter of the format, with this reader's encoder."""
+        active = converter(fmt, self.root)
+        active.encode = self.encode
+        return active
 
     def feed(self, line: str | bytes) -> list[Event]:
         """The events of one line (those of earlier lines too, once the format became known)."""
@@ -100,7 +106,7 @@ class LineReader:
         found = detect(record)
         if not found:
             return []
-        self.active = converter(found, self.root)
+        self.active = self.start(found)
         events = [event for record in self.pending for event in self.active.feed(record)]
         self.pending.clear()
         return events
