@@ -335,3 +335,22 @@ async def test_completed_sessions_outlive_redis_and_are_archived_after_the_reten
         error = await peer.error("session.resume", {"sessionId": idle})
         assert error["code"] == -32009 and error["data"] == {"reason": "archived"}
     await r.aclose()
+
+
+async def test_a_fork_s_state_is_the_state_time_travel_gives_at_its_seq(daemon: Daemon, namespace: str) -> None:
+    """The fork reads its state off the newest event that sets one, decoding only events that may (a
+    transition, a broke/test_pass type, or one whose text merely looks like it, as `data` below)."""
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"type": "broke"}, {"type": "note", "stateTransition": {"from": "broken", "to": "working"}},
+            {"type": "note", "data": {"type": "broke"}}, {"type": "modified"}, {"type": "test_pass"},
+            {"type": "broke"}, {"type": "modified", "data": {"stateTransition": 1}}]})
+        states = []
+        for at in range(1, 9):
+            fork = await peer.call("session.fork", {"sessionId": sid, "atSeq": at})
+            states.append(fork["state"])
+            assert fork["state"] == (await peer.call("session.get", {"sessionId": sid, "atSeq": at}))["session"][
+                "state"], at
+            assert (await peer.call("session.get", {"sessionId": fork["sessionId"]}))["session"]["seq"] == at
+        assert states == ["working", "broken", "working", "working", "working", "working", "broken", "broken"]

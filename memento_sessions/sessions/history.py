@@ -16,12 +16,12 @@ import pydantic_core
 from redis.exceptions import ResponseError
 
 from memento_sessions import keys
-from memento_sessions.errors import Conflict, InvalidParams
+from memento_sessions.errors import Conflict, InvalidParams, NotFound
 from memento_sessions.metrics import COMPACTIONS, REHYDRATE_SECONDS
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import KEEP, Condenser
-from memento_sessions.sessions.manager import SessionManager, iso, now_ms
-from memento_sessions.sessions.snapshot_store import snapshot_at, snapshot_id
+from memento_sessions.sessions.manager import VIEW_READS, SessionManager, ask_view, iso, now_ms, view_of
+from memento_sessions.sessions.snapshot_store import SNAPSHOT_LIST, SNAPSHOT_PREFIX, snapshot_id
 
 FOLD_CHUNK = 1000  # events read per round trip while folding
 MAX_SNAPSHOTS = 256  # snapshots kept per session (the oldest go first, never the compaction base)
@@ -74,33 +74,49 @@ class History:
         return session, folder
 
     async def fold_from(self, namespace: str, session_id: str, at_seq: int) -> tuple[dict[str, Any], Condenser, int]:
-        """As `fold`, with the seq of the snapshot the fold started from (0: from the first event)."""
+        """As `fold`, with the seq of the snapshot the fold started from (0: from the first event).
+
+        Two round trips, each one MULTI on the session's slot: the view with the list of snapshot seqs,
+        then the snapshot to start from with the first events after it (more chunks only past FOLD_CHUNK).
+        """
+        skeys = keys.session_keys(namespace, session_id)
         for _ in range(3):  # a compaction that lands mid-fold makes the fold retry from the new snapshot
-            session = await self.manager.view(namespace, session_id)
+            async with self.redis.pipeline(transaction=True) as pipe:
+                ask_view(pipe, skeys)
+                pipe.hget(skeys.ids, SNAPSHOT_LIST)
+                replies = await pipe.execute()
+            session = view_of(session_id, replies[:VIEW_READS])
+            if session is None:
+                raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
             if at_seq > session["seq"]:
                 raise beyond("atSeq", at_seq, session["seq"])
-            folded = await self._fold(namespace, session_id, at_seq, session.get("compactedSeq", 0))
+            base = max((seq for seq in map(int, (replies[VIEW_READS] or "").split()) if seq <= at_seq), default=0)
+            folded = await self._fold(skeys, base, at_seq, session.get("compactedSeq", 0))
             if folded is not None:
-                return session, *folded
+                return session, folded, base
         raise Conflict("the session was compacted while it was read; try again", {"reason": "busy"})
 
-    async def _fold(self, namespace: str, session_id: str, at_seq: int,
-                    compacted_seq: int) -> tuple[Condenser, int] | None:
-        skeys = keys.session_keys(namespace, session_id)
-        snap = await snapshot_at(self.store, skeys, at_seq)
-        folder = snap.condenser() if snap else Condenser()
+    async def _fold(self, skeys: keys.SessionKeys, base: int, at_seq: int, compacted_seq: int) -> Condenser | None:
+        """The reducer from the snapshot at `base` (0: none) through `at_seq`; None when the history moved
+        under the read (the snapshot was dropped, or events were compacted away meanwhile)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hget(skeys.ids, f"{SNAPSHOT_PREFIX}{base}")
+            pipe.zrangebyscore(skeys.events, f"({base}", at_seq, start=0, num=FOLD_CHUNK)
+            data, members = await pipe.execute()
+        if base and data is None:
+            return None
+        folder = Condenser.load(pydantic_core.from_json(data)) if base else Condenser()
         if folder.seq < min(at_seq, compacted_seq):
             raise compacted(at_seq, compacted_seq)
-        start = folder.seq
-        while folder.seq < at_seq:
-            members: list[Any] = await self.redis.zrangebyscore(skeys.events, f"({folder.seq}", at_seq, start=0,
-                                                                num=FOLD_CHUNK)
-            if not members:
-                break
+        before = folder.events
+        while members:
             folder.add([pydantic_core.from_json(member) for member in members])
-        if folder.seq != at_seq or folder.events - (snap.data["events"] if snap else 0) != at_seq - start:
+            if folder.seq >= at_seq or len(members) < FOLD_CHUNK:
+                break
+            members = await self.redis.zrangebyscore(skeys.events, f"({folder.seq}", at_seq, start=0, num=FOLD_CHUNK)
+        if folder.seq != at_seq or folder.events - before != at_seq - base:
             return None  # events went missing under the fold: compacted meanwhile
-        return folder, start
+        return folder
 
     async def get_at(self, namespace: str, session_id: str, at_seq: int) -> dict[str, Any]:
         """`session.get {atSeq}`: the session as it was right after event `at_seq`."""

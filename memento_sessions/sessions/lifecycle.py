@@ -21,10 +21,11 @@ from memento_sessions.auth import Identity
 from memento_sessions.errors import Conflict, InvalidParams, NotFound
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.rpc import encode_notification
-from memento_sessions.sessions.condense import Condenser
+from memento_sessions.sessions.condense import Condenser, state_after
 from memento_sessions.sessions.manager import SessionManager, iso, now_ms
 from memento_sessions.sessions.paging import seq_of
 from memento_sessions.sessions.snapshot_store import SNAPSHOT_LIST, SNAPSHOT_PREFIX, is_snapshot_field
+from memento_sessions.sessions.stored import members_between
 from memento_sessions.sessions.suspended import Suspended, SuspendedStore
 
 Copy = tuple[dict[str, str], list[str], dict[str, str], list[str]]  # hash, agents, ids, event members
@@ -37,6 +38,20 @@ def fold_copy(fields: dict[str, str], ids: dict[str, str], members: list[str]) -
     folder = Condenser.load(pydantic_core.from_json(base)) if base else Condenser()
     folder.add([pydantic_core.from_json(member) for member in members])
     return folder
+
+
+def scored(members: list[str]) -> list[str | int]:
+    """Stored events as the seq, member, seq, member, ... arguments of a Function.
+
+    A session's seqs are contiguous (only compaction removes events, from the start), so they are counted
+    from the first; each is read from its member only if the last one says otherwise.
+    """
+    first = seq_of(members[0]) if members else 0
+    args: list[str | int] = [0] * (2 * len(members))
+    contiguous = not members or seq_of(members[-1]) == first + len(members) - 1
+    args[0::2] = range(first, first + len(members)) if contiguous else [seq_of(member) for member in members]
+    args[1::2] = members
+    return args
 
 
 def flat(pairs: dict[str, str]) -> list[str]:
@@ -159,8 +174,7 @@ class Lifecycle:
         ttl = int(fields.get("ttl") or self.manager.settings.session_ttl)
         args: list[str | int] = [mode, ttl, *frames, len(fields), *flat(fields), len(agents), *agents,
                                  len(ids), *flat(ids)]
-        for member in members:
-            args += [seq_of(member), member]
+        args += scored(members)
         try:
             done = await self.manager.store.call("ms_restore", keys.session_keys(namespace, session_id), *args)
         except Conflict as exc:
@@ -190,7 +204,7 @@ class Lifecycle:
         if at_seq < compacted and f"{SNAPSHOT_PREFIX}{at_seq}" not in kept_ids:
             raise Conflict(f"events up to {compacted} were compacted; no snapshot at seq {at_seq}",
                            {"reason": "compacted", "compactedSeq": compacted})
-        kept = [m for m in members if seq_of(m) <= at_seq]
+        kept = members_between(members, 0, at_seq)
         fork_fields = self._fork_fields(who, fields, kept_ids, kept, session_id, at_seq)
         sid = new_id or f"sess-{uuid.uuid4()}"
         note = {"type": "forked", "sessionId": sid, "parentSessionId": session_id, "forkedAtSeq": at_seq}
@@ -221,8 +235,12 @@ class Lifecycle:
                      parent_id: str, at_seq: int) -> dict[str, str]:
         now = str(now_ms())
         compacted = min(int(parent.get("compactedSeq") or 0), at_seq)
-        folder = fold_copy({"compactedSeq": str(compacted)}, ids, kept)
-        fields = {"state": folder.state, "seq": str(at_seq), "createdAt": now, "updatedAt": now,
+        base = ids.get(f"{SNAPSHOT_PREFIX}{compacted}") if compacted else None
+        if at_seq == int(parent["seq"]) and parent["state"] != "completed":
+            state = parent["state"]  # the Function keeps the state after the last event: nothing to fold
+        else:
+            state = state_after(kept, pydantic_core.from_json(base)["state"] if base else "working")
+        fields = {"state": state, "seq": str(at_seq), "createdAt": now, "updatedAt": now,
                   "ttl": parent.get("ttl") or str(self.manager.settings.session_ttl), "epoch": uuid.uuid4().hex[:16],
                   "labels": parent.get("labels") or "{}", "creator": who.agent_id, "parentSessionId": parent_id,
                   "forkedAtSeq": str(at_seq)}
