@@ -1,103 +1,88 @@
-"""`/mcp`: the MCP tools over streamable HTTP, behind bearer auth and DNS-rebinding protection.
+"""`/mcp`: the MCP tools over streamable HTTP, built when first wanted (mcp/streamable.py builds them).
 
-Every request is authenticated here, before the SDK sees it: a missing, expired or forged token
-gets 401 and nothing else happens. A good token's identity is put in `mcp_server.CALLER` for the
-tools (the SDK carries the request's context to the session task that runs them) and in
-`scope["user"]`, which binds each MCP session to the principal that opened it: another token
-presenting that session id gets 404, as if it did not exist.
+Importing the MCP SDK costs a CPU second or more, as much as the rest of the daemon's start: a
+restart that waited for it was ready in 3 s instead of 1.5. So `serve_mcp` yields a `LazyMcp` at
+once. It imports and builds the SDK's app in a worker thread when asked to (`prepare()`, which the
+daemon calls once ready) or when the first /mcp request arrives, which then waits for it: /mcp
+answers whenever /readyz says ready, at worst a second later.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import gc
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from functools import partial
+from typing import Protocol
 
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
-from mcp.server.auth.provider import AccessToken
-from mcp.server.streamable_http_manager import DEFAULT_SESSION_IDLE_TIMEOUT
-from mcp.server.transport_security import TransportSecuritySettings
-from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
+import anyio
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from memento_sessions.auth import AuthError, Identity, bearer, verify_token
-from memento_sessions.embedded.datadir import auth_secret
-from memento_sessions.mcp.quota import SessionQuota
-from memento_sessions.mcp.tools import CALLER, build_server
 from memento_sessions.rpc import Registry
 from memento_sessions.settings import Settings
 
-PATH = "/mcp"
-IDLE_TIMEOUT = float(DEFAULT_SESSION_IDLE_TIMEOUT)  # seconds without a request before a session expires (30 min)
+IDLE_TIMEOUT = 30 * 60.0  # seconds without a request before a session expires: the SDK's default
 
 
-class BearerAuth:
-    """ASGI middleware: verify the bearer token, then run the request as its identity, within its agent's
-    MCP session quota."""
+class SessionManager(Protocol):
+    """What the SDK's session manager must do here: run while /mcp is served."""
 
-    def __init__(self, app: ASGIApp, secret: str, quota: SessionQuota) -> None:
-        self.app = app
-        self.secret = secret
-        self.quota = quota
+    def run(self) -> AbstractAsyncContextManager[None]: ...
+
+
+Build = Callable[[], tuple[SessionManager, ASGIApp]]
+
+
+class LazyMcp:
+    """The `/mcp` ASGI app: built in a worker thread when first wanted, its requests waiting until then."""
+
+    def __init__(self, build: Build) -> None:
+        self._build = build
+        self._wanted = anyio.Event()
+        self._built = anyio.Event()
+        self._app: ASGIApp | None = None
+
+    def prepare(self) -> None:
+        """Start building now rather than at the first request; safe to call twice."""
+        self._wanted.set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        raw = bearer(Headers(scope=scope).get("authorization"))
-        try:
-            identity = verify_token(self.secret, raw)
-        except AuthError as exc:
-            await unauthorized(str(exc))(scope, receive, send)
-            return
-        scope["user"] = AuthenticatedUser(principal(identity, raw or ""))
-        reset = CALLER.set(identity)
-        try:
-            await self.quota.serve((identity.namespace, identity.agent_id), scope, receive, send)
-        finally:
-            CALLER.reset(reset)
+        if self._app is None:
+            self._wanted.set()
+            await self._built.wait()
+        assert self._app is not None
+        await self._app(scope, receive, send)
+
+    async def run(self) -> None:
+        """Build when wanted, then run the SDK's session manager until cancelled."""
+        await self._wanted.wait()
+        # A daemon stopped mid-build stops without waiting for the imports to end.
+        manager, app = await anyio.to_thread.run_sync(self._build, abandon_on_cancel=True)
+        # The daemon froze what it had built before serving (docs/bridge.md, "Garbage collection"); the SDK's
+        # objects, built later, live as long: frozen too, they stay out of full collections.
+        gc.freeze()
+        async with manager.run():
+            self._app = app
+            self._built.set()
+            await anyio.sleep_forever()
 
 
-def principal(identity: Identity, raw: str) -> AccessToken:
-    """The SDK's view of the caller; namespace and agent together own an MCP session."""
-    return AccessToken(token=raw, client_id=f"{identity.namespace}/{identity.agent_id}",
-                       scopes=sorted(identity.scopes), subject=identity.agent_id)
+def build_streamable(settings: Settings, registry: Registry, idle_timeout: float) -> tuple[SessionManager, ASGIApp]:
+    """Import the SDK (in the calling worker thread) and build the `/mcp` app."""
+    from memento_sessions.mcp.streamable import build
 
-
-def unauthorized(reason: str) -> JSONResponse:
-    """401 with the RFC 6750 challenge."""
-    challenge = f'Bearer realm="memento-sessions", error="invalid_token", error_description="{reason}"'
-    return JSONResponse({"error": "invalid_token", "error_description": reason}, status_code=401,
-                        headers={"WWW-Authenticate": challenge})
-
-
-def transport_security(settings: Settings) -> TransportSecuritySettings:
-    """Host and Origin must name this daemon: its configured host, 127.0.0.1 or localhost, on its port,
-    or one of MEMENTO_MCP_ALLOWED_HOSTS (a reverse proxy's public name), exactly as given.
-
-    With MEMENTO_PORT=0 the port is picked at bind time, after this is built, so any port is accepted.
-    """
-    port = str(settings.port) if settings.port else "*"
-    host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    hosts = [f"{name}:{port}" for name in dict.fromkeys([host, "127.0.0.1", "localhost"])]
-    hosts += settings.extra_mcp_hosts
-    return TransportSecuritySettings(
-        enable_dns_rebinding_protection=True,
-        allowed_hosts=hosts,
-        allowed_origins=[f"{scheme}://{name}" for name in hosts for scheme in ("http", "https")],
-    )
+    return build(settings, registry, idle_timeout)
 
 
 @asynccontextmanager
 async def serve_mcp(settings: Settings, registry: Registry,
-                    idle_timeout: float = IDLE_TIMEOUT) -> AsyncIterator[ASGIApp]:
-    """The `/mcp` ASGI app, with the SDK's session manager running until exit.
+                    idle_timeout: float = IDLE_TIMEOUT) -> AsyncIterator[LazyMcp]:
+    """The `/mcp` ASGI app, its SDK built when first wanted and its session manager run until exit.
 
     Sessions idle for `idle_timeout` seconds expire; each agent keeps at most MEMENTO_MCP_MAX_SESSIONS.
     """
-    server = build_server(registry, rate_limit=settings.mcp_rate_limit)
-    app = server.streamable_http_app(streamable_http_path=PATH, transport_security=transport_security(settings),
-                                     host=settings.host, session_idle_timeout=idle_timeout)
-    quota = SessionQuota(app, settings.mcp_max_sessions, idle_timeout)
-    async with server.session_manager.run():
-        yield BearerAuth(app, settings.auth_secret or auth_secret(settings.data_dir), quota)
+    mcp = LazyMcp(partial(build_streamable, settings, registry, idle_timeout))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(mcp.run)
+        yield mcp
+        tg.cancel_scope.cancel()

@@ -2,7 +2,7 @@
 
 The SDK bounds sessions per daemon only (10,000 by default): one token opening sessions in a loop would
 fill that for every tenant until they idle out. This ASGI middleware sits between the bearer check
-(`mcp_http.BearerAuth`, which names the caller) and the SDK. It learns each agent's sessions from the
+(`streamable.BearerAuth`, which names the caller) and the SDK. It learns each agent's sessions from the
 `mcp-session-id` the SDK answers an opening request with, and counts the requests in flight on each.
 When an agent at its limit opens another session, the one it left idle the longest is closed first, by
 a DELETE sent through the SDK exactly as a client would end it (its id then answers 404). When none is
