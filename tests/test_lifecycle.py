@@ -250,7 +250,10 @@ async def test_get_of_a_suspended_session_reads_it_from_postgres(daemon: Daemon,
         at6 = await peer.call("session.get", {"sessionId": sid, "atSeq": 6})
         await peer.call("session.suspend", {"sessionId": sid})
         got = await peer.call("session.get", {"sessionId": sid})
-        assert got["session"]["status"] == "suspended" and got["session"]["expiresAt"] is None
+        assert got["session"]["status"] == "suspended"
+        suspended_at = datetime.fromisoformat(got["session"]["suspendedAt"])
+        archived_in = datetime.fromisoformat(got["session"]["expiresAt"]) - suspended_at
+        assert abs(archived_in - timedelta(days=30)) < timedelta(milliseconds=1)  # its events go then
         assert got["session"]["seq"] == 12 and got["session"]["compactedSeq"] == 4 and "suspendedAt" in got["session"]
         assert got["events"] == live["events"] and [e["seq"] for e in got["events"]] == list(range(5, 13))
         assert got["snapshot"] == live["snapshot"] and got["snapshot"]["seq"] == 4  # below compactedSeq: no hole
@@ -308,7 +311,9 @@ async def test_completed_sessions_outlive_redis_and_are_archived_after_the_reten
                 await anyio.sleep(0.2)
         after = await peer.call("session.get", {"sessionId": sid})
         assert after["events"] == before["events"] and after["session"]["status"] == "completed"
-        assert after["session"]["expiresAt"] is None and "completedAt" in after["session"]
+        completed_at = datetime.fromisoformat(after["session"]["completedAt"])
+        archived_in = datetime.fromisoformat(after["session"]["expiresAt"]) - completed_at
+        assert abs(archived_in - timedelta(days=30)) < timedelta(milliseconds=1)
         assert after["session"]["lastCheckpoint"] == before["session"]["lastCheckpoint"]
         listed = (await peer.call("session.list", {"status": "completed"}))["sessions"]
         assert [(s["sessionId"], s["status"]) for s in listed] == [(sid, "completed")]

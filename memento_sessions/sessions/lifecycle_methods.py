@@ -158,9 +158,11 @@ class LifecycleService:
         rows = await self.suspended.page(namespace, p.status, before, limit + 1)
         listed = await self._live(namespace, [row["sessionId"] for row in rows[:limit]]) if p.status == "completed" \
             else set()
-        sessions = [stored_session(row["sessionId"], row["status"], row["fields"], row["agentIds"], row["suspendedAt"])
-                    for row in rows[:limit] if (p.agentId is None or p.agentId in row["agentIds"])
-                    and row["sessionId"] not in listed]
+        retention = timedelta(days=self.settings.archive_after_days)
+        wanted = [row for row in rows[:limit] if (p.agentId is None or p.agentId in row["agentIds"])
+                  and row["sessionId"] not in listed]
+        sessions = [stored_session(row["sessionId"], row["status"], row["fields"], row["agentIds"], row["suspendedAt"],
+                                   retention) for row in wanted]
         result: dict[str, Any] = {"sessions": sessions}
         if len(rows) > limit:
             result["nextCursor"] = str(int(rows[limit - 1]["suspendedAt"].timestamp() * 1000))
@@ -224,11 +226,12 @@ class LifecycleService:
 
     def get_stored(self, row: Suspended, p: GetAtParams) -> Result:
         """session.get of a session Redis no longer holds but Postgres does (suspended, completed, archived)."""
+        retention = timedelta(days=self.settings.archive_after_days)
         if p.atSeq is not None:
-            return stored_at(row, p.atSeq)
+            return stored_at(row, retention, p.atSeq)
         if p.condensed:
-            return stored_condensed(row)
-        return stored_get(row, p.since, p.limit or PAGE, page_bytes(self.settings.ws_send_buffer))
+            return stored_condensed(row, retention)
+        return stored_get(row, retention, p.since, p.limit or PAGE, page_bytes(self.settings.ws_send_buffer))
 
     async def _list(self, call: Call, p: ListStatusParams) -> Result:
         return await self.list_sessions(call.identity.namespace, p)
