@@ -207,6 +207,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MementoError as exc:
         print(f"memento-sessions: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a daemon or server that cannot be reached: one line, not a traceback
+        print(f"memento-sessions: cannot connect: {exc}", file=sys.stderr)
+        return 1
 
 
 def _run(given: list[str]) -> int:

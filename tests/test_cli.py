@@ -73,3 +73,14 @@ def test_every_command_has_a_helpful_help(command: list[str], capsys: pytest.Cap
         assert "--data-dir" in text
     if command in (["serve"], ["token"], ["kg", "load"], ["check"], ["mcp"]):
         assert "example" in text, f"no example:\n{text}"
+
+
+def test_ingest_into_an_unreachable_daemon_says_so_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    transcript = tmp_path / "t.jsonl"
+    transcript.write_text('{"type": "user", "message": {"role": "user", "content": "hi"}}\n')
+    monkeypatch.setenv("MEMENTO_TOKEN", "any")
+    assert main(["ingest", "--url", "ws://127.0.0.1:1/ws", str(transcript)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("memento-sessions: cannot connect:") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
