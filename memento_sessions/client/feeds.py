@@ -88,6 +88,7 @@ class Feed(Generic[T]):
 
     @property
     def phase(self) -> Phase:
+        """Whether the feed was started and whether it ended."""
         return self._phase
 
     async def start(self) -> None:
@@ -164,6 +165,7 @@ class Subscription(Feed[Event]):
 
     @property
     def link(self) -> Link:
+        """Where the subscription stands with the server."""
         return self._link
 
     @property
