@@ -38,6 +38,18 @@ class Bounds(annotated_types.GroupedMetadata):
         yield from self.model.model_fields[self.name].metadata
 
 
+def since_text(events: str) -> str:
+    """What a paged tool's `since` means, said once for every tool that pages `events`."""
+    return (f"Return only {events} with seq greater than this: 0 for the first page, then the previous reply's "
+            "nextSince.")
+
+
+def limit_text(of_events: str) -> str:
+    """What a paged tool's `limit` means, said once for every tool that pages events."""
+    return (f"At most this many {of_events} in this reply; omit for up to {PAGE:,}. A page may hold fewer when "
+            "events are large: keep paging while the reply has nextSince.")
+
+
 # Inputs: the params of the JSON-RPC methods, one Annotated type per argument.
 SessionId = Annotated[ClientId, Field(description="The session's id, as returned by create_session or "
                                                   "list_sessions (e.g. 'sess-3f2a...').")]
@@ -55,12 +67,8 @@ Event = Annotated[EventIn, Field(description="The event: at least its type; the 
                                             "sessionId and, when absent, timestamp.")]
 Condensed = Annotated[bool, Field(description="True for a summary (counts, entities, transitions, perfDelta) "
                                               "instead of every event.")]
-Since = Annotated[int, Bounds(GetParams, "since"), Field(
-    description="Return only events with seq greater than this: 0 for the first page, then the previous "
-                "reply's nextSince.")]
-Limit = Annotated[int | None, Bounds(GetParams, "limit"), Field(
-    description=f"At most this many events in this reply; omit for up to {PAGE:,}. A page may hold fewer when "
-                "events are large: keep paging while the reply has nextSince.")]
+Since = Annotated[int, Bounds(GetParams, "since"), Field(description=since_text("events"))]
+Limit = Annotated[int | None, Bounds(GetParams, "limit"), Field(description=limit_text("events"))]
 StateFilter = Annotated[SessionState | None, Field(description="Only sessions in this state.")]
 AgentFilter = Annotated[ClientId | None, Field(description="Only sessions this agent has joined.")]
 ListLimit = Annotated[int | None, Bounds(ListParams, "limit"), Field(
@@ -72,12 +80,9 @@ Final = Annotated[bool, Field(description="True to complete the session: its sta
                                           "its data expires after a short grace period.")]
 EntityFilter = Annotated[EntityId | None, Field(description="Only transitions touching this entity id.")]
 AgentId = Annotated[ClientId, Field(description="The agent whose work to isolate.")]
-IsolateSince = Annotated[int, Bounds(IsolateParams, "since"), Field(
-    description="Return only the agent's events with seq greater than this: 0 for the first page, then the "
-                "previous reply's nextSince.")]
+IsolateSince = Annotated[int, Bounds(IsolateParams, "since"), Field(description=since_text("the agent's events"))]
 IsolateLimit = Annotated[int | None, Bounds(IsolateParams, "limit"), Field(
-    description=f"At most this many of the agent's events in this reply; omit for up to {PAGE:,}. Keep paging "
-                "while the reply has nextSince.")]
+    description=limit_text("of the agent's events"))]
 ClusterId = Annotated[EntityId, Field(description="Id of a SemanticCluster node of the knowledge graph.")]
 Days = Annotated[int | None, Bounds(OutcomesParams, "days"), Field(
     description=f"How many days back to look; omit for {OutcomesParams.model_fields['days'].default}.")]
