@@ -64,6 +64,9 @@ async def test_list_show_diff_fork_suspend_resume_complete(daemon: Daemon, cli_e
     assert json.loads(out)["status"] == "suspended"
     code, out = await run(capsys, "session", "--namespace", ns, "list", "--status", "suspended")
     assert out.splitlines()[1].split()[:3] == ["good", "suspended", "working"]
+    code, out = await run(capsys, "session", "--namespace", ns, "show", good)  # read from Postgres meanwhile
+    assert code == 0 and "status: suspended" in out and "seq: 1" in out and out.splitlines()[-3].split() == [
+        "start", "1"]
     code, out = await run(capsys, "session", "--namespace", ns, "--json", "resume", good)
     assert json.loads(out)["status"] == "active"
     code, out = await run(capsys, "session", "--namespace", ns, "--json", "complete", good)
