@@ -70,3 +70,13 @@ def test_every_rpc_error_keeps_its_code() -> None:
     assert errors.Conflict("full", {"reason": "session_full"}).to_dict() == {
         "code": -32009, "message": "full", "data": {"reason": "session_full"}}
     assert errors.NotFound("gone").to_dict() == {"code": -32004, "message": "gone"}
+
+
+def test_the_client_raises_the_class_of_every_code() -> None:
+    from memento_sessions.client.errors import rpc_error
+
+    for cls in errors.RpcError.__subclasses__():
+        raised = rpc_error({"code": cls.code, "message": "m", "data": {"k": 1}})
+        assert type(raised) is cls and raised.code == cls.code and raised.data == {"k": 1}
+    unknown = rpc_error({"code": -32099, "message": "new"})
+    assert type(unknown) is errors.RpcError and unknown.code == -32099

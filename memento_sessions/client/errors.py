@@ -15,12 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memento_sessions import errors
 from memento_sessions.errors import MementoError, RpcError
 
-_ERRORS: dict[int, type[RpcError]] = {cls.code: cls for cls in (
-    errors.ParseError, errors.InvalidRequest, errors.MethodNotFound, errors.InvalidParams, errors.Forbidden,
-    errors.NotFound, errors.Conflict, errors.RateLimited, errors.BackendUnavailable)}
+# Every error class of the protocol names its code in errors.py: a new one is known here without a list to keep.
+_ERRORS: dict[int, type[RpcError]] = {cls.code: cls for cls in RpcError.__subclasses__()}
 
 
 class ConnectionLost(MementoError, ConnectionError):
