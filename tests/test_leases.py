@@ -211,3 +211,20 @@ async def test_leases_are_namespace_isolated_and_list_takes_one_filter(daemon: D
         assert error["code"] == -32602 and "not both" in error["data"][0]["message"]
         assert (await b.error("lease.release", {"leaseId": (await a.call("lease.list", {}))["leases"][0]["leaseId"]})
                 )["code"] == -32004
+
+
+async def test_a_graph_write_on_one_daemon_changes_what_the_next_lease_covers_on_another(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str, graph: Graph) -> None:
+    await graph.query("CREATE (:CodebaseEntity {id: $file})", {"file": FILE})
+    writer = token("w", namespace, scope="sessions:read sessions:write kg:write")
+    async with two_daemons(backend_urls, tmp_path) as (d1, d2), rpc(d1.port, token("a", namespace)) as a, \
+            rpc(d2.port, writer) as w:
+        before = await a.call("lease.acquire", {"entityIds": [FILE], "ttl": 60})
+        assert before["covers"] == []  # d1 has now cached the namespace's containment: none
+        await a.call("lease.release", {"leaseId": before["leaseId"]})
+        await w.call("kg.upsert", {"nodes": [{"id": LOGIN, "labels": ["CodebaseEntity"]}],
+                                   "edges": [{"from": FILE, "to": LOGIN, "type": "DEFINES"}]})
+        after = await a.call("lease.acquire", {"entityIds": [FILE], "ttl": 60})
+        assert after["covers"] == [LOGIN]  # d1's grant saw the new graph version and read the graph again
+        refused = await w.call("lease.acquire", {"entityIds": [LOGIN], "ttl": 60})
+        assert refused["granted"] is False and refused["conflicts"][0]["via"] == FILE

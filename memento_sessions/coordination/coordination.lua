@@ -12,6 +12,7 @@
 --               alive (zset agentId -> last seen ms)}.
 
 local COUNTER = '\1tokens' -- entity ids hold no control characters, so no entity is this field
+local GRAPH = '\1graph' -- the fence hash's field of the namespace's graph version (coverage.py)
 local KEEP = 7200 -- seconds a coordination key outlives its last write: the longest lease (3600) plus grace
 
 local function keep(keys)
@@ -74,12 +75,17 @@ local function conflicts_of(keys, agent, mode, pairs_from, args)
   return found
 end
 
--- ARGV: now_ms, agent, lease_id, mode, ttl_ms, lease_max, lease_json_tail, then (entity, via) pairs.
--- lease_json_tail is the lease's JSON without its closing brace; covered, token and expiry are added here.
+-- ARGV: now_ms, agent, lease_id, mode, ttl_ms, lease_max, lease_json_tail, graph_version, then (entity, via)
+-- pairs. lease_json_tail is the lease's JSON without its closing brace; covered, token and expiry are added
+-- here. The pairs were expanded from the graph at graph_version ('*': there is no graph): when the graph has
+-- changed since, nothing is granted and the reply says `stale` (the caller expands again and retries).
 local function acquire(keys, args)
   local now, agent, lease_id, mode, ttl = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5])
+  if args[8] ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= args[8] then
+    return cjson.encode({granted = false, stale = true})
+  end
   drop_expired(keys, now)
-  local conflicts = conflicts_of(keys, agent, mode, 8, args)
+  local conflicts = conflicts_of(keys, agent, mode, 9, args)
   redis.call('ZADD', keys[6], now, agent)
   if mode == 'exclusive' and #conflicts > 0 then
     keep(keys)
@@ -90,7 +96,7 @@ local function acquire(keys, args)
   end
   local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
   local expires, covered = now + ttl, {}
-  for i = 8, #args, 2 do
+  for i = 9, #args, 2 do
     local entity, via = args[i], args[i + 1]
     local holds = decode_list(redis.call('HGET', keys[2], entity))
     table.insert(holds, {id = lease_id, agent = agent, mode = mode, via = via, exp = expires})
@@ -215,7 +221,16 @@ local function fence_sync(keys, args)
   return 1
 end
 
+-- KEYS = {fence hash}; ARGV: a new graph version. The namespace's graph was written: grants expanded from
+-- an older version are refused from now on.
+local function graph_changed(keys, args)
+  redis.call('HSET', keys[1], GRAPH, args[1])
+  redis.call('EXPIRE', keys[1], KEEP)
+  return 1
+end
+
 -- One table, one loop (the load-time sandbox has no pairs/ipairs: a numeric for it is).
 local FUNCTIONS = {{'mc_acquire', acquire}, {'mc_renew', renew}, {'mc_release', release}, {'mc_reap', reap},
-                   {'mc_send', send}, {'mc_ack', ack}, {'mc_fence_sync', fence_sync}}
+                   {'mc_send', send}, {'mc_ack', ack}, {'mc_fence_sync', fence_sync},
+                   {'mc_graph_changed', graph_changed}}
 for i = 1, #FUNCTIONS do redis.register_function(FUNCTIONS[i][1], FUNCTIONS[i][2]) end

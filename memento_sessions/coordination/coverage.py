@@ -1,15 +1,29 @@
-"""What a lease on an entity covers, read from the knowledge graph: one Cypher read per acquire.
+"""What a lease on an entity covers, from the knowledge graph: a cache of the namespace's containment edges,
+kept correct by a graph version that the grant itself checks.
 
-A file covers the symbols it DEFINES, a cluster its members (MEMBER_OF_CLUSTER into it). The read is
-made at acquire time, so the lease covers what the graph says then; a symbol added to the file later is
-covered by leases acquired after it (docs/coordination.md says why there is no cache to keep correct).
+A file covers the symbols it DEFINES, a cluster its members (MEMBER_OF_CLUSTER into it). Rather than one
+Cypher read per acquire (a second round trip, to FalkorDB, on every grant), each daemon keeps every
+containment edge of a namespace in memory, loaded by one read and stamped with the namespace's graph
+version: a random token in the coordination slot that every graph write through the daemon (the `kg.*`
+write methods, on any daemon) replaces after writing. `mc_acquire` compares the version the coverage was
+computed at with the current one in the same call as the grant; on a mismatch it grants nothing and the
+daemon reloads and retries. So a grant never uses containment older than the last write through the
+daemon. Writes that bypass every daemon (the CLI's `kg load` writes FalkorDB directly) are picked up when a
+cache is MAX_AGE old. A namespace with more than MAX_EDGES containment edges is not cached: its acquires
+read their own entities' contents (the per-acquire read, the same answer).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import anyio
+
+from memento_sessions import keys
+from memento_sessions.coordination.store import CoordStore
 from memento_sessions.kg.graph import Graph, Graphs
 
 COVERED = """
@@ -19,34 +33,106 @@ OPTIONAL MATCH (n)-[:DEFINES]->(s)
 OPTIONAL MATCH (m)-[:MEMBER_OF_CLUSTER]->(n)
 RETURN id, collect(DISTINCT s.id), collect(DISTINCT m.id)
 """
+CONTAINS = """
+MATCH (n:CodebaseEntity)-[:DEFINES]->(s) RETURN n.id AS outer, s.id AS inner LIMIT $limit
+UNION ALL
+MATCH (m)-[:MEMBER_OF_CLUSTER]->(n:CodebaseEntity) RETURN n.id AS outer, m.id AS inner LIMIT $limit
+"""
 MAX_COVERED = 4096  # entities one lease covers at most (its own and their contents); the rest is not leased
-NO_GRAPH_FOR = 1.0  # seconds a namespace found without a graph is taken to have none
-MAX_REMEMBERED = 10_000  # namespaces remembered as graph-less (cleared past it: namespaces are client input)
+MAX_EDGES = 200_000  # containment edges a namespace's cache holds at most (past it: a read per acquire)
+MAX_AGE = 60.0  # seconds a cache serves before it is reloaded (writes that bypass the daemon)
+MAX_NAMESPACES = 1000  # namespaces cached at once (cleared past it: namespaces are client input)
+NO_GRAPH = "*"  # the version passed when no graph can exist (no FalkorDB): the grant checks none
+Pairs = list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class Contents:
+    """A namespace's containment at one graph version: container -> contained (None: too big to cache)."""
+
+    version: str
+    inner: dict[str, list[str]] | None
+    until: float
 
 
 class Coverage:
-    """Reads what leased entities contain; a namespace without a graph is remembered as such for NO_GRAPH_FOR
-    seconds, so acquires there do not ask FalkorDB whether it exists every time."""
+    """Expands leased entities to what they contain, from a per-namespace cache checked at grant time."""
 
-    def __init__(self, graphs: Graphs | None) -> None:
+    def __init__(self, graphs: Graphs | None, store: CoordStore) -> None:
         self.graphs = graphs
-        self._none_until: dict[str, float] = {}
+        self.store = store
+        self._cache: dict[str, Contents] = {}
+        self._locks: dict[str, anyio.Lock] = {}
 
-    async def covered(self, namespace: str, entity_ids: Sequence[str]) -> list[tuple[str, str]]:
-        """(entityId, via) for each requested entity (via '') and each one it contains (via the container)."""
-        if self.graphs is None or self._none_until.get(namespace, 0.0) > time.monotonic():
-            return [(entity, "") for entity in entity_ids]
+    async def covered(self, namespace: str, entity_ids: Sequence[str]) -> tuple[str, Pairs]:
+        """The graph version, and (entityId, via) for each requested entity (via '') and each one it contains
+        (via the container). No call at all when the namespace's cache is fresh."""
+        if self.graphs is None:
+            return NO_GRAPH, [(entity, "") for entity in entity_ids]
+        contents = self._cache.get(namespace)
+        if contents is None or contents.until <= time.monotonic():
+            contents = await self.reload(namespace, None)
+        if contents.inner is None:
+            return contents.version, await self.read(namespace, entity_ids)
+        return contents.version, expand(entity_ids, contents.inner)
+
+    async def reload(self, namespace: str, stale: str | None) -> Contents:
+        """Load the namespace's containment at its current version (once, however many acquires wait for it);
+        `stale` names a version the grant refused, which a concurrent load may already have replaced."""
+        lock = self._locks.setdefault(namespace, anyio.Lock())
+        async with lock:
+            current = self._cache.get(namespace)
+            if current is not None and current.version != stale and current.until > time.monotonic():
+                return current
+            version = await self.store.command("HGET", keys.lease_keys(namespace).fence, GRAPH_FIELD) or ""
+            contents = Contents(str(version), await self._load(namespace), time.monotonic() + MAX_AGE)
+            if len(self._cache) >= MAX_NAMESPACES:
+                self._cache.clear()
+                self._locks = {namespace: lock}
+            self._cache[namespace] = contents
+            return contents
+
+    async def _load(self, namespace: str) -> dict[str, list[str]] | None:
+        assert self.graphs is not None
         graph = await self.graphs.existing(namespace)
         if graph is None:
-            if len(self._none_until) >= MAX_REMEMBERED:
-                self._none_until.clear()
-            self._none_until[namespace] = time.monotonic() + NO_GRAPH_FOR
-            return [(entity, "") for entity in entity_ids]
-        return await read_covered(graph, entity_ids)
+            return {}
+        rows = (await graph.ro_query(CONTAINS, {"limit": MAX_EDGES + 1})).result_set
+        if len(rows) > MAX_EDGES:
+            return None
+        inner: dict[str, list[str]] = {}
+        for outer, contained in rows:
+            if contained is not None:
+                inner.setdefault(str(outer), []).append(str(contained))
+        return inner
+
+    async def read(self, namespace: str, entity_ids: Sequence[str]) -> Pairs:
+        """The entities' contents read from the graph now (no cache)."""
+        assert self.graphs is not None
+        graph = await self.graphs.existing(namespace)
+        return await read_covered(graph, entity_ids) if graph else [(entity, "") for entity in entity_ids]
+
+    async def changed(self, namespace: str) -> None:
+        """The namespace's graph was written: a new version, so every daemon's grants refuse their cache."""
+        await self.store.call("mc_graph_changed", [keys.lease_keys(namespace).fence], uuid.uuid4().hex)
 
 
-async def read_covered(graph: Graph, entity_ids: Sequence[str]) -> list[tuple[str, str]]:
-    """The one Cypher read: each entity, then what it DEFINES and its cluster members, via it."""
+GRAPH_FIELD = "\x01graph"  # the fence hash's field holding the graph version (entity ids hold no control chars)
+
+
+def expand(entity_ids: Sequence[str], inner: dict[str, list[str]]) -> Pairs:
+    """Each entity (via ''), then what each contains (via it), the first container winning, capped."""
+    pairs: dict[str, str] = {entity: "" for entity in entity_ids}
+    for container in entity_ids:
+        for contained in inner.get(container, ()):
+            if len(pairs) >= MAX_COVERED:
+                return list(pairs.items())
+            pairs.setdefault(contained, container)
+    return list(pairs.items())
+
+
+async def read_covered(graph: Graph, entity_ids: Sequence[str]) -> Pairs:
+    """The per-acquire Cypher read: each entity, then what it DEFINES and its cluster members, via it."""
     pairs: dict[str, str] = {entity: "" for entity in entity_ids}
     result = await graph.ro_query(COVERED, {"ids": list(entity_ids)})
     for container, symbols, members in result.result_set:

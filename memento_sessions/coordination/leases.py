@@ -16,7 +16,7 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
-from memento_sessions.coordination.coverage import Coverage
+from memento_sessions.coordination.coverage import NO_GRAPH, Coverage
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import Conflict
 from memento_sessions.kg.graph import Graphs
@@ -27,6 +27,7 @@ from memento_sessions.settings import Settings
 log = get_logger(__name__)
 Result = dict[str, Any]
 REAP_EVERY = 1.0  # seconds between two reaper passes of one daemon (each pass is idempotent)
+STALE_RETRIES = 2  # grants refused for a changed graph before an acquire reads its own entities' contents
 
 
 def now_ms() -> int:
@@ -64,35 +65,48 @@ class Leases:
 
     def __init__(self, store: CoordStore, graphs: Graphs | None, settings: Settings) -> None:
         self.store = store
-        self.coverage = Coverage(graphs)
+        self.coverage = Coverage(graphs, store)
         self.settings = settings
         self._indexed: set[str] = set()  # namespaces this daemon has added to the reaper's set
 
     async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,
                       session_id: str | None = None, reason: str | None = None) -> Result:
         """Grant a lease on the entities and what they contain, or (exclusive, any conflict) nothing."""
-        pairs = await self.coverage.covered(who.namespace, entity_ids)
         lease_id, now = f"lease-{uuid.uuid4().hex[:20]}", now_ms()
         tail = pydantic_core.to_json({"leaseId": lease_id, "agentId": who.agent_id, "mode": mode,
                                       "entityIds": list(entity_ids), "sessionId": session_id, "reason": reason,
                                       "acquiredAt": iso(now)}).decode()[:-1]
-        flat = [item for pair in pairs for item in pair]
-        try:
-            raw = await self.store.call("mc_acquire", keys.lease_keys(who.namespace).all(), now, who.agent_id,
-                                        lease_id, mode, ttl * 1000, self.settings.lease_max, tail, *flat)
-        except Conflict:
-            LEASE_ACQUIRES.labels("lease_limit").inc()
-            raise
+        version, pairs = await self.coverage.covered(who.namespace, entity_ids)
+        for attempt in range(STALE_RETRIES + 1):
+            reply = await self._grant(who, lease_id, mode, ttl, tail, version, pairs)
+            if not reply.get("stale"):
+                break
+            if attempt < STALE_RETRIES:  # the graph changed since the cache was loaded: load it again
+                await self.coverage.reload(who.namespace, version)
+                version, pairs = await self.coverage.covered(who.namespace, entity_ids)
+            else:  # it keeps changing (a bulk load): this grant reads its own entities' contents
+                version, pairs = NO_GRAPH, await self.coverage.read(who.namespace, entity_ids)
         if who.namespace not in self._indexed:  # once per namespace and process; the reaper keeps the set's TTL
             await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
             self._indexed.add(who.namespace)
-        reply = pydantic_core.from_json(raw)
-        conflicts = reply["conflicts"] if isinstance(reply["conflicts"], list) else []
+        conflicts = reply["conflicts"] if isinstance(reply.get("conflicts"), list) else []
         LEASE_ACQUIRES.labels("granted" if reply["granted"] else "refused").inc()
         if not reply["granted"]:
             return {"leaseId": None, "granted": False, "conflicts": conflicts, "fencingToken": None, "expiresAt": None}
         return {"leaseId": lease_id, "granted": True, "conflicts": conflicts, "fencingToken": reply["fencingToken"],
                 "expiresAt": iso(reply["expiresAt"]), "covers": [entity for entity, via in pairs if via]}
+
+    async def _grant(self, who: Identity, lease_id: str, mode: str, ttl: int, tail: str, version: str,
+                     pairs: list[tuple[str, str]]) -> Result:
+        """The one Function call of an acquire: `{granted, conflicts, ...}` or `{stale: true}`."""
+        flat = [item for pair in pairs for item in pair]
+        try:
+            raw = await self.store.call("mc_acquire", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
+                                        lease_id, mode, ttl * 1000, self.settings.lease_max, tail, version, *flat)
+        except Conflict:
+            LEASE_ACQUIRES.labels("lease_limit").inc()
+            raise
+        return dict(pydantic_core.from_json(raw))
 
     async def renew(self, who: Identity, lease_id: str, ttl: int) -> Result:
         """Move the lease's end to now + ttl (its fencing token stays)."""

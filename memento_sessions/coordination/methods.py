@@ -3,7 +3,8 @@
 The hooks wrap methods already in the registry rather than editing them: every method notes the caller
 as active (presence, liveness); session.join/subscribe/leave/unsubscribe move presence; event.emit and
 event.emitBatch sync fencing marks before the write and report and alert conflicts after it;
-bridge.handoff adds the session's current leases and open conflicts.
+bridge.handoff adds the session's current leases and open conflicts; a graph write (kg:write methods)
+replaces the graph version that lease grants check their coverage against.
 """
 
 from __future__ import annotations
@@ -175,6 +176,8 @@ def hook(registry: Registry, coord: Coordination) -> None:
     wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
     wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
     wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
+    for name in [name for name, method in registry.methods.items() if method.scope == "kg:write"]:
+        wrap(registry, name, lambda inner: graph_write_hook(coord, inner))
     for name in list(registry.methods):
         wrap(registry, name, lambda inner: activity_hook(coord, inner))
 
@@ -258,6 +261,17 @@ def batch_hook(coord: Coordination, inner: Handler) -> Handler:
         if found:
             result["conflicts"] = found
         return result
+    return handler
+
+
+def graph_write_hook(coord: Coordination, inner: Handler) -> Handler:
+    """A graph write (kg.upsert): a new graph version after it, even a failed one (it may have written part),
+    so no daemon grants a lease from containment read before it (coverage.py)."""
+    async def handler(call: Call, params: Any) -> Result:
+        try:
+            return await inner(call, params)
+        finally:
+            await coord.leases.coverage.changed(call.identity.namespace)
     return handler
 
 

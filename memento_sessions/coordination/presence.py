@@ -226,10 +226,10 @@ class Presence:
         known = self._token_roles.get(agent)
         if known is not None and known[0] == who.roles and known[1] > now:
             return
+        await self._add_roles(who.namespace, who.agent_id, who.roles)
         if len(self._token_roles) >= MAX_REMEMBERED:
             self._token_roles.clear()
         self._token_roles[agent] = (who.roles, now + ROLE_REFRESH)
-        await self._add_roles(who.namespace, who.agent_id, who.roles)
 
     async def _add_roles(self, namespace: str, agent: str, roles: Iterable[str]) -> None:
         await asyncio.gather(*(call for role in roles for call in (

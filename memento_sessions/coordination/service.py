@@ -60,6 +60,9 @@ class Coordination:
         self.presence.connect(call)
         try:
             await self.presence.token_roles(call.identity)
+        except UNAVAILABLE as exc:  # written again at the agent's next connect or MCP call
+            log.warning("token roles not written: Redis unavailable", agent_id=call.identity.agent_id, error=repr(exc))
+        try:
             await self.mailbox.attach(call.identity.namespace, call.identity.agent_id, call.peer)
         except UNAVAILABLE as exc:
             # Redis is away: the connection goes on (a request that needs Redis fails on its own); the listener

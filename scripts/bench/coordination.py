@@ -2,7 +2,9 @@
 throughput with 1,000 live leases, each beside a floor of bare redis-py doing the same Redis work.
 
 - lease acquire: one `lease.acquire` (1 entity, exclusive) over WebSocket, sequential; the floor is redis-py's
-  FCALL mc_acquire with the same keys and arguments.
+  FCALL mc_acquire with the same keys and arguments (the daemon expands coverage from its cached containment,
+  checked by the graph version inside that call: no other call). `graph` says whether the bench namespace
+  had a graph (earlier sections, checkpoint and bridge, load one).
 - mailbox live: from one agent's `mailbox.send` to the recipient's `mailbox.message` frame, both connected
   to the daemon; the floor is redis-py's FCALL mc_send + PUBLISH to a redis-py subscriber.
 - mailbox throughput: 16 senders at once to one connected recipient, counted where it arrives; the floor
@@ -24,6 +26,9 @@ from websockets.asyncio.client import connect
 from bench.harness import PAYLOAD, Env, Figure, Target, concurrently, latency_extra, pct, rate, timed, ws
 from bench.receivers import LeanCaller, masked_frame, upgraded
 from memento_sessions import keys
+from memento_sessions.backends import open_backends
+from memento_sessions.coordination.coverage import GRAPH_FIELD
+from memento_sessions.settings import load_settings
 
 SENDERS = 16
 
@@ -36,16 +41,25 @@ async def lease_acquire(env: Env) -> Figure:
         await rpc.call("lease.acquire", {"entityIds": [f"warm:{run}"], "ttl": 60})
         ours = await timed(count, lambda i: rpc.call("lease.acquire", {"entityIds": [f"acq:{run}:{i}"], "ttl": 60}))
     lkeys = keys.lease_keys(env.namespace).all()
+    has_graph = bool(await env.redis.exists(await graph_name(env)))
+    version = await env.redis.hget(keys.lease_keys(env.namespace).fence, GRAPH_FIELD) or ""
 
     async def bare(i: int) -> Any:
         now = time.time_ns() // 1_000_000
         tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
         return await env.redis.fcall("mc_acquire", 6, *lkeys, now, "floor", f"floor-{run}-{i}", "exclusive", 60_000,
-                                     10_000_000, tail, f"floor:{run}:{i}", "")
+                                     10_000_000, tail, version, f"floor:{run}:{i}", "")
 
     floor = await timed(count, bare)
     return Figure("lease.acquire over WebSocket", "ms p99", pct(ours, 0.99), pct(floor, 0.99), Target.below_ms(2),
-                  higher_is_better=False, extra=latency_extra(ours, floor))
+                  higher_is_better=False, extra=latency_extra(ours, floor) | {"graph": float(has_graph)})
+
+
+async def graph_name(env: Env) -> str:
+    """The bench namespace's graph name, as the daemon names it."""
+    settings = load_settings(redis_url=env.redis_url, postgres_dsn=env.postgres_dsn, auth_secret="x" * 32)
+    async with open_backends(settings, env.redis_url, env.postgres_dsn) as backends:
+        return backends.graph_name(env.namespace)
 
 
 async def mailbox_live(env: Env) -> list[Figure]:
@@ -53,9 +67,7 @@ async def mailbox_live(env: Env) -> list[Figure]:
     run = uuid.uuid4().hex[:8]
     recipient = f"inbox-{run}"
     url = f"ws://127.0.0.1:{env.port}/ws?token={env.token(recipient)}"
-    async with connect(url, max_size=2**24, max_queue=None, compression=None) as conn:
-        await conn.send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "mailbox.read", "params": {"limit": 1}}))
-        await conn.recv()  # its first request: the connection now gets the agent's pushes
+    async with connect(url, max_size=2**24, max_queue=None, compression=None) as conn:  # pushed to from the accept
         latency = await _live_latency(env, conn, recipient, 200 if env.quick else 1000)
     throughput = await _throughput(env, f"bulk-{run}", 100 if env.quick else 500)
     return [latency, throughput]
@@ -115,9 +127,7 @@ async def _throughput(env: Env, recipient: str, per_sender: int) -> Figure:
     """16 lean senders (one request frame built once each) to one lean recipient, counted on arrival: a full
     client library per connection would cost the bench's process as much CPU as the daemon it measures."""
     inbox = await upgraded(env.port, env.token(recipient), Inbox)
-    inbox.total = SENDERS * per_sender
-    await inbox.call(masked_frame(0x1, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "mailbox.read",
-                                                     "params": {"limit": 1}}).encode()))
+    inbox.total = SENDERS * per_sender  # it sends nothing: its pushes start when the daemon accepts it
     senders = [await upgraded(env.port, env.token(f"s{n}-{recipient}"), LeanCaller) for n in range(SENDERS)]
     frame = masked_frame(0x1, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "mailbox.send",
                                           "params": {"to": recipient, "body": {"n": 1}}}).encode())
