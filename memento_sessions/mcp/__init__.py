@@ -1,7 +1,7 @@
 """The MCP transport: every JSON-RPC method as an MCP tool, over streamable HTTP (/mcp) and stdio.
 
 tools.py (the tools, each running its method through the registry), models.py (their typed outputs and
-input bounds), http.py (/mcp, built once the daemon is ready: the SDK costs a CPU second to import),
+input bounds), http.py (/mcp, built on its first request: the SDK costs a CPU second to import),
 streamable.py (the SDK's app that http.py builds, behind bearer auth), stdio.py (the tools on stdio, as
 MEMENTO_TOKEN's agent; the command that opens the services for it is server/stdio.py), quota.py (the
 per-identity cap on MCP sessions).

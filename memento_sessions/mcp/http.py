@@ -1,10 +1,12 @@
-"""`/mcp`: the MCP tools over streamable HTTP, built when first wanted (mcp/streamable.py builds them).
+"""`/mcp`: the MCP tools over streamable HTTP, built on the first request (mcp/streamable.py builds them).
 
-Importing the MCP SDK costs a CPU second or more, as much as the rest of the daemon's start: a
-restart that waited for it was ready in 3 s instead of 1.5. So `serve_mcp` yields a `LazyMcp` at
-once. It imports and builds the SDK's app in a worker thread when asked to (`prepare()`, which the
-daemon calls once ready) or when the first /mcp request arrives, which then waits for it: /mcp
-answers whenever /readyz says ready, at worst a second later.
+Importing the MCP SDK costs a CPU second or more, more than the rest of the daemon's start: a daemon
+that imported it at start took twice as long to be ready. So `serve_mcp` yields a `LazyMcp` at once,
+which imports and builds the SDK's app in a worker thread when the first /mcp request arrives; that
+request (and any other meanwhile) waits for it. /mcp therefore answers whenever /readyz says ready,
+the first time a second or so later; and a daemon whose agents use only /ws never pays for it.
+Built in the background once ready instead, it would spend that second under the first clients'
+requests, and in every daemon.
 """
 
 from __future__ import annotations
@@ -34,17 +36,13 @@ Build = Callable[[], tuple[SessionManager, ASGIApp]]
 
 
 class LazyMcp:
-    """The `/mcp` ASGI app: built in a worker thread when first wanted, its requests waiting until then."""
+    """The `/mcp` ASGI app: built in a worker thread on the first request, requests waiting until then."""
 
     def __init__(self, build: Build) -> None:
         self._build = build
         self._wanted = anyio.Event()
         self._built = anyio.Event()
         self._app: ASGIApp | None = None
-
-    def prepare(self) -> None:
-        """Start building now rather than at the first request; safe to call twice."""
-        self._wanted.set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._app is None:
@@ -54,12 +52,17 @@ class LazyMcp:
         await self._app(scope, receive, send)
 
     async def run(self) -> None:
-        """Build when wanted, then run the SDK's session manager until cancelled."""
+        """Build on the first request, then run the SDK's session manager until cancelled.
+
+        A build that fails (the SDK missing or broken) ends the daemon, as it ended the daemon's start before.
+        """
         await self._wanted.wait()
-        # A daemon stopped mid-build stops without waiting for the imports to end.
+        # A daemon stopped mid-build shuts its servers down at once; the process exits when the imports end.
         manager, app = await anyio.to_thread.run_sync(self._build, abandon_on_cancel=True)
         # The daemon froze what it had built before serving (docs/bridge.md, "Garbage collection"); the SDK's
-        # objects, built later, live as long: frozen too, they stay out of full collections.
+        # objects, built later, live as long: frozen too, they stay out of full collections. (So do the
+        # objects of requests in flight now: freed by their reference counts as ever, only a cycle among
+        # them would be kept.)
         gc.freeze()
         async with manager.run():
             self._app = app
@@ -77,7 +80,7 @@ def build_streamable(settings: Settings, registry: Registry, idle_timeout: float
 @asynccontextmanager
 async def serve_mcp(settings: Settings, registry: Registry,
                     idle_timeout: float = IDLE_TIMEOUT) -> AsyncIterator[LazyMcp]:
-    """The `/mcp` ASGI app, its SDK built when first wanted and its session manager run until exit.
+    """The `/mcp` ASGI app, its SDK built on the first request and its session manager run until exit.
 
     Sessions idle for `idle_timeout` seconds expire; each agent keeps at most MEMENTO_MCP_MAX_SESSIONS.
     """

@@ -10,7 +10,6 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.dashboard import routes as dashboard_routes
-from memento_sessions.mcp.http import LazyMcp
 from memento_sessions.server.health import Health, log_ready
 from memento_sessions.ws.gateway import Gateway
 
@@ -18,13 +17,10 @@ from memento_sessions.ws.gateway import Gateway
 def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> ASGIApp:
     """The daemon's ASGI app: `/ws` straight to the gateway, everything else through Starlette's router.
 
-    Once ready, it logs what the start cost, and a lazy `/mcp` starts building: not before, where it would
-    slow the start (mcp/http.py).
+    Once first ready, the daemon logs what its start cost.
     """
     routes = build_routes(gateway, health, mcp)
     health.when_ready(log_ready)
-    if isinstance(mcp, LazyMcp):
-        health.when_ready(mcp.prepare)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         # The hot path skips the router's per-message send wrappers: one dict lookup instead.
