@@ -114,8 +114,9 @@ class Fanout:
     def _on_push(self, reply: list[Any]) -> None:
         kind = reply[0]
         if kind in ("message", "smessage"):
+            data = reply[2]
             for listener in tuple(self.listeners.get(reply[1], ())):
-                listener.on_message(reply[2])
+                listener.on_message(data)
         elif kind in ("subscribe", "ssubscribe"):
             self._confirmed.setdefault(reply[1], anyio.Event()).set()
             if reply[1] == self.control and self._catch_up:

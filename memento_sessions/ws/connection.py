@@ -7,6 +7,7 @@ publisher (see docs/flow-control.md). When uvicorn's transport takes data, frame
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import deque
 from collections.abc import Callable
@@ -22,6 +23,32 @@ from memento_sessions.ws.frames import DirectWriter, take_batch
 log = get_logger(__name__)
 SLOW_CONSUMER = 4008
 CLOSE_TIMEOUT = 5.0
+
+
+class _Tally:
+    """Frames written straight from `notify`, added to WS_MESSAGES_SENT once per loop turn.
+
+    A fan-out to 1,000 subscribers writes 1,000 frames in one turn; a Counter.inc each (its lock, ~0.7 us)
+    was a tenth of a direct write's Python, so they are counted here and added together.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.due_on: asyncio.AbstractEventLoop | None = None  # the loop a flush is queued on
+
+    def add(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self.due_on is not loop:  # also when a loop ended with a flush queued: this one queues its own
+            self.due_on = loop
+            loop.call_soon(self.flush)
+        self.count += 1
+
+    def flush(self) -> None:
+        WS_MESSAGES_SENT.inc(self.count)
+        self.count, self.due_on = 0, None
+
+
+_SENT = _Tally()
 
 
 class Connection:
@@ -67,8 +94,8 @@ class Connection:
             self._overflow()
             return
         if self._direct is not None and not self._out and not self._sending and self._direct.ready():
-            self._direct.write((frame,))  # nothing queued or in flight: order is kept
-            WS_MESSAGES_SENT.inc()
+            self._direct.write_one(frame)  # nothing queued or in flight: order is kept
+            _SENT.add()
             return
         self._out.append(frame)
         self._queued += len(frame)

@@ -45,6 +45,8 @@ class DirectWriter:
 
     def __init__(self, protocol: Any) -> None:
         self.protocol = protocol
+        # Fixed for the protocol's life (made in its __init__ and connection_made): read once, not per frame.
+        self.transport, self.writable = protocol.transport, protocol.writable
 
     @classmethod
     def behind(cls, send: Any) -> DirectWriter | None:
@@ -59,12 +61,16 @@ class DirectWriter:
     def ready(self) -> bool:
         """The transport takes data now: handshake done, no close sent, no back-pressure."""
         p = self.protocol
-        return bool(p.handshake_complete and not p.close_sent and p.writable.is_set()
-                    and not p.transport.is_closing())
+        return bool(p.handshake_complete and not p.close_sent and self.writable.is_set()
+                    and not self.transport.is_closing())
 
     def write(self, frames: Iterable[str]) -> None:
         """Frame and write, in order, in one transport write."""
-        self.protocol.transport.write(b"".join(framed(frame) for frame in frames))
+        self.transport.write(b"".join(framed(frame) for frame in frames))
+
+    def write_one(self, frame: str) -> None:
+        """Frame and write one frame: the fan-out's case, without a batch's join."""
+        self.transport.write(framed(frame))
 
 
 def take_batch(queue: Any, limit: int = _BATCH_BYTES) -> tuple[list[str], int]:
