@@ -29,7 +29,7 @@ import pydantic_core
 from memento_sessions.client import Client
 from memento_sessions.client.wire import MAX_FRAME
 from memento_sessions.errors import Conflict, NotFound, RpcError
-from memento_sessions.ingest import FORMATS, Event, LineReader
+from memento_sessions.ingest import FORMATS, LineReader
 
 if TYPE_CHECKING:
     from memento_sessions.settings import Settings
@@ -135,17 +135,16 @@ def _named_session(record: Any) -> str | None:
     return None
 
 
-def batches(events: Iterable[Event]) -> Iterator[list[Event]]:
-    """The events cut into batches of at most BATCH events and FRAME_BUDGET encoded bytes, in order."""
-    batch: list[Event] = []
+def batches(events: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """The encoded events cut into batches of at most BATCH events and FRAME_BUDGET bytes, in order."""
+    batch: list[bytes] = []
     size = 0
     for event in events:
-        encoded = len(pydantic_core.to_json(event))  # bytes, as the frame will carry them (Rust: fast)
-        if batch and (len(batch) >= BATCH or size + encoded > FRAME_BUDGET):
+        if batch and (len(batch) >= BATCH or size + len(event) + 1 > FRAME_BUDGET):
             yield batch
             batch, size = [], 0
         batch.append(event)
-        size += encoded
+        size += len(event) + 1  # and the comma that joins it
     if batch:
         yield batch
 
@@ -205,7 +204,7 @@ class Sender:
         self.window = anyio.Semaphore(WINDOW)
         self.sent = 0
 
-    async def run(self, batches: Iterator[list[Event]]) -> None:
+    async def run(self, batches: Iterator[list[bytes]]) -> None:
         """Send every batch; the first alone (it creates the session when missing), the rest pipelined."""
         first = next(batches, None)
         if first is None:
@@ -221,7 +220,7 @@ class Sender:
                 await self.window.acquire()
                 tg.start_soon(self.pipelined, batch)
 
-    async def pipelined(self, batch: list[Event]) -> None:
+    async def pipelined(self, batch: list[bytes]) -> None:
         try:
             await self.emit(batch)
         except RpcError as exc:  # refused (session full, invalid): named in the summary, the rest goes on
@@ -229,9 +228,8 @@ class Sender:
         finally:
             self.window.release()
 
-    async def emit(self, batch: list[Event]) -> None:
-        result = await self.client.call("event.emitBatch", {"sessionId": self.session_id, "events": batch},
-                                        retry=True)
+    async def emit(self, batch: list[bytes]) -> None:
+        result = await self.client.emit_batch_encoded(self.session_id, batch)  # retried: every event has an id
         duplicates = len(result.get("duplicates", []))
         self.totals.already += duplicates
         self.totals.written += len(batch) - duplicates
@@ -261,7 +259,7 @@ async def ingest(client: Client, names: list[str], args: argparse.Namespace, pro
         reader = LineReader(args.format, args.project_root, parse_fast, encode_fast)
         sender = Sender(client, session_id, totals, partial(progress.show, name, totals=totals))
         try:
-            await sender.run(batches(event for line in lines for event in reader.feed(line)))
+            await sender.run(batches(event for line in lines for event in reader.feed_encoded(line)))
         except RpcError as exc:
             totals.failed.append(f"{name}: {exc.message} ({exc.code})")
         stats = reader.finish()

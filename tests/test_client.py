@@ -219,6 +219,42 @@ async def test_a_reply_lost_in_a_cut_fails_the_call_and_an_emit_with_an_id_is_re
         assert [e["seq"] for e in (await obs.get(sid))["events"]] == [1, 2], "stored once, no second write"
 
 
+async def test_an_encoded_batch_is_stored_as_sent_retried_when_every_event_leads_with_its_id(daemon: Daemon,
+                                                                                            namespace: str) -> None:
+    async with client(daemon.port, "alice", namespace) as alice, client(daemon.port, "obs", namespace) as obs:
+        sid = (await alice.create_session())["sessionId"]
+        events = [b'{"id":"a1","type":"modified","data":{"text":"\xc3\xbc \\u00e9"}}', b'{"id":"a2","type":"broke"}']
+        assert await alice.emit_batch_encoded(sid, events) == {"seqs": [1, 2]}
+        assert await alice.emit_batch_encoded(sid, events) == {"seqs": [1, 2], "duplicates": [1, 2]}
+        stored = (await obs.get(sid))["events"]
+        assert [(e["id"], e["type"]) for e in stored] == [("a1", "modified"), ("a2", "broke")]
+        assert stored[0]["data"] == {"text": "\u00fc \u00e9"}, "UTF-8 and escapes reach the daemon as sent"
+        with pytest.raises(InvalidParams) as bad:  # the daemon checks an encoded event as any other
+            await alice.emit_batch_encoded(sid, [b'{"id":"a3","type":"modified","data":{"x":NaN}}'])
+        assert bad.value.data[0]["field"].startswith("events.0.data")
+        with pytest.raises(RequestTooLarge):
+            await alice.emit_batch_encoded(sid, [b'{"id":"a4","type":"modified","data":{"x":"%b"}}' % (b"y" * 2**20)])
+
+        async def applied_then_cut(seq: int) -> None:
+            with anyio.fail_after(5):
+                while (await obs.get(sid, limit=1))["session"]["seq"] < seq:
+                    await anyio.sleep(0.005)
+            cut(alice)
+
+        for event, seq in ((b'{"type":"modified","id":"late"}', 3), (b'{"id":"once","type":"modified"}', 4)):
+            assert alice.connection is not None
+            alice.connection.transport.pause_reading()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(applied_then_cut, seq)
+                if seq == 3:  # an id that is not the first key: not known to be idempotent, so not sent again
+                    with pytest.raises(ConnectionLost):
+                        await alice.emit_batch_encoded(sid, [event])
+                else:
+                    assert await alice.emit_batch_encoded(sid, [event]) == {"seqs": [4], "duplicates": [4]}
+            await alice.get(sid)  # reconnected
+        assert [e["seq"] for e in (await obs.get(sid))["events"]] == [1, 2, 3, 4], "each stored once"
+
+
 async def test_each_reconnect_asks_for_a_fresh_token_and_a_refused_one_ends_the_client(daemon: Daemon,
                                                                                       namespace: str) -> None:
     tokens = [token("alice", namespace), token("alice", namespace, ttl=7200), "revoked"]

@@ -270,6 +270,11 @@ def test_the_ingest_commands_fast_parser_and_encoder_give_the_same_events_as_the
                          "e": 1.5e-7}
     assert inputs[2]["content"].endswith("…[truncated 35904 chars]")
     assert encode_fast(slow_events[4]["data"]) == json.dumps(slow_events[4]["data"], separators=(",", ":")).encode()
+    encoded = LineReader("claude-code", parse=parse_fast, encode=encode_fast)
+    as_bytes = [event for line in text for event in encoded.feed_encoded(line)]
+    assert [json.loads(event) for event in as_bytes] == slow_events, "the same events, the checked data spliced in"
+    assert all(event.startswith(b'{"id":') for event in as_bytes), "each leads with its id: the client retries them"
+    assert encoded.finish().as_dict() == slow.finish().as_dict()
 
 
 def test_unknown_fields_and_a_broken_record_never_stop_the_stream() -> None:

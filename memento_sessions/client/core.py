@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from typing import Any
 
@@ -250,10 +250,22 @@ class Client(Methods):
 
     async def call(self, method: str, params: Mapping[str, Any] | None = None, *, retry: bool = False) -> Result:
         """Any method by name; with `retry`, sent again after a reconnect (only for idempotent calls)."""
+        return await self._call(method, json.dumps(params or {}, default=encode).encode(), retry)
+
+    async def emit_batch_encoded(self, session_id: str, events: Sequence[bytes]) -> Result:
+        """`event.emitBatch` of events already encoded (each a JSON object, UTF-8): the request is their bytes
+        joined, never decoded or encoded again. Retried across a reconnect only when every event carries an
+        idempotency `id` as its first key (`{"id":`, as the ingest converters write them); RequestTooLarge
+        when the request is over MAX_FRAME bytes."""
+        params = b'{"sessionId":%b,"events":[%b]}' % (json.dumps(session_id).encode(), b",".join(events))
+        return await self._call("event.emitBatch", params, all(event.startswith(b'{"id":') for event in events))
+
+    async def _call(self, method: str, params: bytes, retry: bool) -> Result:
+        """`call` with the params object already encoded."""
         for attempt in itertools.count():
             ws = await self._connection()
             try:
-                return await self._request_on(ws, method, params or {})
+                return await self._request_on(ws, method, params)
             except ConnectionLost:
                 if not retry or attempt >= RETRIES:
                     raise
@@ -261,18 +273,22 @@ class Client(Methods):
                 await self._dropped.wait()
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _request_on(self, ws: ClientConnection, method: str, params: Mapping[str, Any]) -> Result:
-        """Send one request on `ws` (which must still be the live connection) and await its reply."""
+    async def _request_on(self, ws: ClientConnection, method: str, params: Mapping[str, Any] | bytes) -> Result:
+        """Send one request on `ws` (which must still be the live connection) and await its reply; `params`
+        may be already encoded, then it goes into the frame as it is."""
         request_id = next(self._ids)
-        frame = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}, default=encode)
-        if len(frame.encode()) > MAX_FRAME:
+        if not isinstance(params, bytes):
+            params = json.dumps(params, default=encode).encode()
+        frame = b'{"jsonrpc":"2.0","id":%d,"method":%b,"params":%b}' % (request_id, json.dumps(method).encode(),
+                                                                         params)
+        if len(frame) > MAX_FRAME:
             raise RequestTooLarge(f"{method} request is over {MAX_FRAME} bytes")
         if ws is not self._ws:
             raise ConnectionLost("connection lost")
         future: asyncio.Future[Result] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
         try:
-            await ws.send(frame)
+            await ws.send(frame, text=True)  # UTF-8 already: a text frame without encoding it again
             with anyio.fail_after(self._timeout):
                 return await future
         except ConnectionClosed as exc:

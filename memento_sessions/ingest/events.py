@@ -90,19 +90,42 @@ class Converter:
 
     def feed(self, record: Any) -> list[Event]:
         """The unified events of one source record (a parsed JSON value), counted in `stats`."""
+        return [event for event, _ in self._checked(record)]
+
+    def feed_encoded(self, record: Any) -> list[bytes]:
+        """`feed`'s events as compact JSON by `encode`, each `data` encoded once: the text its check made is
+        spliced in, not encoded again (a sender joins these bytes into its request as they are)."""
+        out = []
+        for event, text in self._checked(record):
+            if text is None:
+                out.append(self.encode(event))
+                continue
+            data = event.pop("data")  # the event without its data is a few small keys: cheap to encode
+            out.append(self.encode(event)[:-1] + b',"data":' + text + b"}")
+            event["data"] = data
+        return out
+
+    def _checked(self, record: Any) -> list[tuple[Event, bytes | None]]:
+        """The events of one record, each with its `data` checked and that data's encoding (None: no data)."""
         self.stats.records += 1
         if not isinstance(record, dict):
-            return self.stats.skip("not_an_object")
+            self.stats.skip("not_an_object")
+            return []
         try:
             events = self.convert(record)
+            out: list[tuple[Event, bytes | None]] = []
             for event in events:
                 if "data" in event:
-                    event["data"] = checked(self.stats, event["data"], self.encode)
+                    event["data"], text = checked_text(self.stats, event["data"], self.encode)
+                    out.append((event, text))
+                else:
+                    out.append((event, None))
         except (TypeError, ValueError, AttributeError, KeyError) as error:
             # A field of an unexpected type deep in a record: that record is skipped, never the stream.
-            return self.stats.skip(f"malformed:{type(error).__name__}")
+            self.stats.skip(f"malformed:{type(error).__name__}")
+            return []
         self.stats.events += len(events)
-        return events
+        return out
 
     def convert(self, record: dict[str, Any]) -> list[Event]:
         """The events of one record; subclasses dispatch on the record's type."""
@@ -165,7 +188,12 @@ def make_event(stats: Stats, eid: str, etype: str, data: dict[str, Any] | None =
 
 
 def checked(stats: Stats, data: dict[str, Any], encode: Encoder = strict_json) -> dict[str, Any]:
-    """`data` as `fit(clean(data))` makes it, without walking it when one encoding shows nothing to do.
+    """`data` as `fit(clean(data))` makes it, without walking it when one encoding shows nothing to do."""
+    return checked_text(stats, data, encode)[0]
+
+
+def checked_text(stats: Stats, data: dict[str, Any], encode: Encoder = strict_json) -> tuple[dict[str, Any], bytes]:
+    """`checked`'s data and its encoding by `encode`.
 
     The fast path is most events: encoded once, nothing that could be a NUL, NaN, Infinity or a number
     beyond 1e12 in the text (13 digits in a row, or an exponent), and within the budget.
@@ -173,10 +201,11 @@ def checked(stats: Stats, data: dict[str, Any], encode: Encoder = strict_json) -
     try:
         text = encode(data)
     except (TypeError, ValueError):  # NaN or Infinity (to a strict encoder), or a value JSON has no form for
-        return fit(stats, clean(data))
-    if b"\\u0000" in text or _SUSPECT.search(text) or len(text) > DATA_BUDGET:
-        return fit(stats, clean(data))
-    return data
+        text = b""
+    if not text or b"\\u0000" in text or len(text) > DATA_BUDGET or _SUSPECT.search(text):
+        data = fit(stats, clean(data))
+        return data, encode(data)
+    return data, text
 
 
 def clean(value: Any) -> Any:

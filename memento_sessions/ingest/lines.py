@@ -93,23 +93,36 @@ class LineReader:
 
     def feed(self, line: str | bytes) -> list[Event]:
         """The events of one line (those of earlier lines too, once the format became known)."""
+        ready = self._ready(line)
+        active = self.active
+        return [event for record in ready for event in active.feed(record)] if active else []
+
+    def feed_encoded(self, line: str | bytes) -> list[bytes]:
+        """`feed`'s events as compact JSON (see `Converter.feed_encoded`), ready to be joined into a request."""
+        ready = self._ready(line)
+        active = self.active
+        return [event for record in ready for event in active.feed_encoded(record)] if active else []
+
+    def _ready(self, line: str | bytes) -> list[Any]:
+        """The records the active converter may take now: this line's, with those read before the format
+        became known; none for a blank or bad line, or while the format is unknown."""
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
         if not text.strip():
             return []
         ok, record = self.parse(text)
         if not ok:
             self.outer.records += 1
-            return self.outer.skip("bad_json")
+            self.outer.skip("bad_json")
+            return []
         if self.active is not None:
-            return self.active.feed(record)
+            return [record]
         self.pending.append(record)
         found = detect(record)
         if not found:
             return []
         self.active = self.start(found)
-        events = [event for record in self.pending for event in self.active.feed(record)]
-        self.pending.clear()
-        return events
+        ready, self.pending = self.pending, []
+        return ready
 
     def finish(self) -> Stats:
         """The counts of the whole input; records whose format nothing told are skipped as unknown_format."""

@@ -68,17 +68,25 @@ def json_text(value: str) -> str:
 
 
 _NOT_IN_REST = {"type", "actor"}
+_dump_json = EventIn.__pydantic_serializer__.to_json  # model_dump_json's own serializer, without its wrapper
+
+
+@functools.lru_cache(maxsize=256)
+def _quoted(text: str) -> str:
+    """An agent id as a JSON string, made once per agent rather than once per event."""
+    return json_text(text)
 
 
 def event_body(event: EventIn, actor: str, session_json: str, now: str) -> str:
     """The stored event's JSON without its opening brace; the Function splices `{"seq":N,` in front.
 
     Its keys: type, actor, sessionId (`session_json`, already a JSON string), the event's other fields
-    in model order, and the server's `timestamp` last when the client sent none.
+    in model order, and the server's `timestamp` last when the client sent none. The type is quoted as it
+    is: its pattern (EventType) allows nothing JSON escapes.
     """
-    rest = event.model_dump_json(by_alias=True, exclude_none=True, exclude=_NOT_IN_REST)[1:-1]
+    rest = _dump_json(event, by_alias=True, exclude_none=True, exclude=_NOT_IN_REST)[1:-1].decode()
     stamp = "" if event.timestamp else f',"timestamp":"{now}"'
-    text = (f'"type":{json_text(event.type)},"actor":{json_text(actor)},"sessionId":{session_json}'
+    text = (f'"type":"{event.type}","actor":{_quoted(actor)},"sessionId":{session_json}'
             f'{"," if rest else ""}{rest}{stamp}}}')
     if len(text) + 25 > MAX_EVENT_BYTES:
         raise InvalidParams("event too large", [{"field": "event", "message": f"{len(text) + 1} bytes encoded; "
