@@ -1,4 +1,5 @@
-"""A restart of `memento-sessions serve` after a bulk graph load is ready fast: the AOF stays compact."""
+"""A restart of `memento-sessions serve` after a bulk graph load is ready fast: the AOF stays compact, and the
+daemon imports only what it needs to serve (the MCP SDK waits for the first /mcp request)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.test_daemon_process import Serve, wait_for
 pytestmark = pytest.mark.slow
 NODES = 10_000
 READY_WITHIN = 2.0
-CPU_WITHIN = 1.5  # the daemon's own CPU seconds to ready: 2.0 to 2.4 when it imported the MCP SDK at start
+CPU_WITHIN = 1.5  # the daemon's own CPU seconds to ready: 2.0 to 3.0 when it imported the MCP SDK at start
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -38,9 +39,9 @@ def incr_aof_bytes(data_dir: Path) -> int:
 def test_a_restart_after_loading_a_10000_node_graph_is_ready_within_2s(tmp_path: Path) -> None:
     """The embedded Redis alone, then the whole daemon, restarted on a 10,000-node graph: each ready within 2 s.
 
-    The daemon's 2 s hold on an idle machine, and are checked there. Other processes' CPU use in the
-    meantime (other engineers' tests on 2 cores) is added to the allowance, divided by the cores; and the
-    daemon's own CPU seconds to ready, which they hardly change, are held under 1.5 s.
+    The whole daemon's 2 s are checked as they are on a quiet machine; on a busy one (other engineers' tests
+    on 2 cores), the CPU seconds other processes used meanwhile, divided by the cores, are added. The
+    daemon's own CPU seconds to ready, which others' load hardly changes, must stay under 1.5.
     """
     data_dir = tmp_path / "data"
     load_graph(data_dir, tmp_path / "kg.jsonl")
@@ -65,8 +66,9 @@ def test_a_restart_after_loading_a_10000_node_graph_is_ready_within_2s(tmp_path:
 
 def test_the_daemon_gets_ready_without_importing_the_mcp_sdk() -> None:
     """Everything the daemon imports before serving, in a fresh interpreter: not the MCP SDK (a CPU second),
-    which /mcp imports once the daemon is ready (mcp/http.py)."""
-    probe = ("import sys; from memento_sessions.server import daemon; daemon.load_services(); "
+    which /mcp imports on its first request (mcp/http.py)."""
+    probe = ("import sys; from memento_sessions import cli; from memento_sessions.server import daemon, handshake; "
+             "cli.build_parser(); daemon.load_services(); "
              "print(sorted(name for name in sys.modules if name.split('.')[0] in ('mcp', 'mcp_types')))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
