@@ -14,14 +14,20 @@ cli_*.py, the command line over everything, are the exception).
 """
 
 
+_version: str | None = None
+
+
 def __getattr__(name: str) -> str:
     """`__version__`, read from the installed metadata when first asked: importlib.metadata costs ~40 ms, too
     much for `memento-sessions hook`, which runs once per agent tool call and never needs it."""
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib.metadata import PackageNotFoundError, version
+    global _version
+    if _version is None:
+        from importlib.metadata import PackageNotFoundError, version
 
-    try:
-        return version("memento-sessions")
-    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
-        return "0.0.0"
+        try:
+            _version = version("memento-sessions")
+        except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+            _version = "0.0.0"
+    return _version

@@ -2,7 +2,7 @@
 
 One implementation, two transports: a tool builds the same params a WebSocket client would send and
 runs them through `Registry.call`, so validation, scopes, namespaces and results are the method's
-own. The caller is the token of the HTTP request (set by `mcp_http.BearerAuth`) or, on stdio, the
+own. The caller is the token of the HTTP request (set by `streamable.BearerAuth`) or, on stdio, the
 MEMENTO_TOKEN verified at start.
 """
 
