@@ -10,7 +10,8 @@ socket. A spec is a JSON object:
     port        (ws) the daemon's port; agents are `<prefix><n>` in `namespace`
     sessions    (ws) client n subscribes to sessions[n % len]; none: the client stays idle once upgraded
     watch       (ws) each client also calls sessions.watch
-    url         (pubsub) the Redis URL; channel: the channel each subscribes to
+    url         (pubsub) the Redis URL; channel: the channel each subscribes to, or channels: client n
+                subscribes to channels[n % len]
 
 Opening stops at the first batch with a failure (no more descriptors, ports or the daemon's cap); the
 line says how many were opened and why it stopped.
@@ -54,7 +55,8 @@ async def request(proto: LeanWebSocket, method: str, params: dict[str, Any]) -> 
 async def open_one(spec: dict[str, Any], n: int, samples: list[float]) -> Receiver:
     """Client n of the crowd, connected (and subscribed) as the spec says."""
     if spec["kind"] == "pubsub":
-        return await lean_pubsub(spec["url"], spec["channel"], samples, EVERY)
+        channels = spec.get("channels") or [spec["channel"]]
+        return await lean_pubsub(spec["url"], channels[n % len(channels)], samples, EVERY)
     token = issue_token(SECRET, f"{spec.get('prefix', 'crowd')}{n}", spec["namespace"], "sessions:read", 3600)
     proto = await upgraded(spec["port"], token, lambda: LeanWebSocket(samples, EVERY))
     if spec.get("sessions"):

@@ -50,7 +50,8 @@ async def run(args: argparse.Namespace) -> None:
         try:
             async with daemon(redis_server.url, postgres.url, data) as running:
                 client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-                env = Env(redis_server.url, postgres.url, running.port, client, args.quick, daemon_pid=running.pid)
+                env = Env(redis_server.url, postgres.url, running.port, client, args.quick, daemon_pid=running.pid,
+                          redis_tcp_url=redis_server.tcp_url)
                 figures = await measure(env, args.only)
                 if python:
                     figures += await peers.measure(env, python, figures)

@@ -116,8 +116,8 @@ async def publish_beside_crowd(env: Env, per_second: int, count: int) -> tuple[S
     """The floor: a bare PUBLISH to 99 bare subscribers in a crowd and one here; the crowd's deliveries."""
     channel = f"bench-floor-{time.time_ns()}"
     samples: Samples = []
-    async with crowd({"kind": "pubsub", "count": 99, "url": env.redis_url, "channel": channel}) as others:
-        me = await lean_pubsub(env.redis_url, channel, samples, count)
+    async with crowd({"kind": "pubsub", "count": 99, "url": env.subscriber_url, "channel": channel}) as others:
+        me = await lean_pubsub(env.subscriber_url, channel, samples, count)
         await paced(per_second, count, lambda: env.redis.publish(channel, str(time.perf_counter_ns())))
         await finish([me])
         return samples, await others.stop()

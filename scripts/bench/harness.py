@@ -117,6 +117,14 @@ class Env:
     namespace: str = "bench"
     pipe: Pipe | None = None
     daemon_pid: int = 0
+    # The floors' bare subscribers connect over loopback TCP, as the daemon's WebSocket clients do: the
+    # daemon itself reaches Redis over its unix socket, but a subscriber on one pays less per message.
+    redis_tcp_url: str = ""
+
+    @property
+    def subscriber_url(self) -> str:
+        """Where a floor's bare subscribers connect: loopback TCP when the run has it."""
+        return self.redis_tcp_url or self.redis_url
 
     def token(self, agent: str) -> str:
         """A token for `agent` in the bench namespace."""

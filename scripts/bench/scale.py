@@ -142,7 +142,26 @@ async def deliveries(env: Env) -> Figure:
         caller.transport.close()
         got = await fans.stop()
     expected = count * FAN_PER_SESSION * fans.opened / (FAN_SESSIONS * FAN_PER_SESSION)
+    redis_got, redis_cpu = await redis_deliveries(env, window)
     return Figure(f"deliveries per daemon CPU-second, {fans.opened:,} subscribers, 10 sessions x 10 ev/s",
                   "deliveries/CPU-s", got / cpu, CENTRIFUGO_PER_CPU_S,
                   Target.ratio_at_least(1, "Centrifugo's ~12,500"),
-                  extra={"delivered": got, "expected": expected, "daemon_cpu_s": cpu})
+                  extra={"delivered": got, "expected": expected, "daemon_cpu_s": cpu,
+                         "redis_bare_per_cpu_s": redis_got / redis_cpu if redis_cpu else 0.0})
+
+
+async def redis_deliveries(env: Env, window: float) -> tuple[int, float]:
+    """The same shape on bare Redis pub/sub (10 channels x 100 bare subscribers apart, PUBLISH at 10/s each):
+    the messages delivered and Redis's CPU seconds, so the kernel's share of a delivery shows."""
+    pid = int((await env.redis.info("server"))["process_id"])
+    channels = [f"bench-fan-{n}-{time.time_ns()}" for n in range(FAN_SESSIONS)]
+    count, turn = int(FAN_RATE * FAN_SESSIONS * window), itertools.count()
+    async with crowd({"kind": "pubsub", "count": FAN_SESSIONS * FAN_PER_SESSION, "url": env.subscriber_url,
+                      "channels": channels}) as fans:
+        await anyio.sleep(1)
+        cpu = cpu_seconds(pid)
+        await paced(FAN_RATE * FAN_SESSIONS, count, lambda: env.redis.publish(
+            channels[next(turn) % FAN_SESSIONS], str(time.perf_counter_ns())))
+        await anyio.sleep(0.5)
+        cpu = cpu_seconds(pid) - cpu
+        return await fans.stop(), cpu
