@@ -5,7 +5,6 @@ lease keys (coordination.lua), so every daemon sees the same leases and no two g
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +15,7 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.coordination.clock import iso, now_ms
 from memento_sessions.coordination.coverage import NO_GRAPH, Coverage
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import Conflict
@@ -29,14 +29,6 @@ Result = dict[str, Any]
 REAP_EVERY = 1.0  # seconds between two reaper passes of one daemon (each pass is idempotent)
 STALE_RETRIES = 2  # grants refused for a changed graph before an acquire reads its own entities' contents
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def iso(ms: int) -> str:
-    """Milliseconds since the epoch as ISO-8601 UTC."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 def lease_view(raw: str) -> Result:

@@ -7,7 +7,6 @@ on the agent's channel, where every daemon serving one of its connections pushes
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +15,7 @@ import pydantic_core
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
+from memento_sessions.coordination.clock import iso, now_ms
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import NotFound
 from memento_sessions.metrics import MAILBOX_DROPPED, MAILBOX_MESSAGES
@@ -25,15 +25,8 @@ from memento_sessions.settings import Settings
 
 Result = dict[str, Any]
 MAX_RECIPIENTS = 1000  # agents one role or session send reaches at most
+STORED, DUPLICATES = MAILBOX_MESSAGES.labels("stored"), MAILBOX_MESSAGES.labels("duplicate")
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def iso(ms: int) -> str:
-    """Milliseconds since the epoch as ISO-8601 UTC."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 class AgentFeed:
@@ -112,7 +105,7 @@ class Mailbox:
         _, duplicate, dropped = await self.store.call(
             "mc_send", keys.mailbox_keys(namespace, agent), message["messageId"], tail, self.settings.mailbox_max, ttl,
             keys.agent_channel(namespace, agent), method)
-        MAILBOX_MESSAGES.labels("duplicate" if duplicate else "stored").inc()
+        (DUPLICATES if duplicate else STORED).inc()
         if dropped:
             MAILBOX_DROPPED.inc(int(dropped))
         return not duplicate

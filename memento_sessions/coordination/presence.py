@@ -21,6 +21,7 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.coordination.clock import iso, now_ms
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.logs import get_logger
 from memento_sessions.rpc import Call, Peer, encode_notification
@@ -31,14 +32,6 @@ Result = dict[str, Any]
 STALE_BEATS = 3  # heartbeats missed before another daemon's field counts as gone
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
 
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def iso(ms: int) -> str:
-    """Milliseconds since the epoch as ISO-8601 UTC."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
 
 
 @dataclass

@@ -11,7 +11,8 @@ from anyio.abc import TaskStatus
 from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import Alerts
-from memento_sessions.coordination.leases import Leases, now_ms
+from memento_sessions.coordination.clock import now_ms
+from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Mailbox
 from memento_sessions.coordination.presence import Conn, Presence
 from memento_sessions.coordination.store import CoordStore
