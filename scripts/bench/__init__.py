@@ -10,8 +10,11 @@
     receivers.py   lean WebSocket and RESP clients (many in one process without costing the servers CPU)
     cypher.py      a FalkorDB query as its client sends it (the falkordb package's own parameter encoder)
     driver.py      the servers, the daemon process, the run, the table and the JSON line
+    daemons.py     daemon processes on the run's servers; their CPU seconds and RSS from /proc
+    crowd.py       many lean clients in a process of their own (so their CPU is not the measured one's)
     sections.py    the registry: section name -> the coroutine that measures it
-    emit.py, fanout.py, replay.py, memory.py, checkpoint.py, bridge.py   the sections
+    emit.py, fanout.py, replay.py, memory.py, checkpoint.py, bridge.py, ingest.py, coordination.py,
+    lifecycle.py, scale.py (cross-daemon CPU, connection density, deliveries per CPU-second)   the sections
     peers.py       --peers: the OpenAI Agents SDK and Google ADK in their own virtualenv (bench_peers.py)
 
 Adding a section is one new module and one registry line:
@@ -19,7 +22,7 @@ Adding a section is one new module and one registry line:
 1. `scripts/bench/<name>.py` with `async def measure(env: Env) -> Figure | list[Figure]` (any name will
    do). Time the figure and, in the same run, its floor: bare redis-py (or asyncpg, or FalkorDB's
    GRAPH.QUERY through `cypher.query`) doing the same backend work. Give the Figure a Target, e.g.
-   `Target.ratio_at_least(0.7, "bare FCALL")`, `Target.below(20)` (p99 in ms) or
+   `Target.ratio_at_least(0.7, "bare FCALL")`, `Target.below_ms(20)` (p99 in ms), `Target.under(30, "KB")` or
    `Target.at_least(50_000, "events/s")`; the driver judges it.
 2. In `sections.py`, import the module and add one line to SECTIONS: `"<name>": <module>.measure,`.
    `scripts/bench.py --only <name>` then runs it alone.
