@@ -13,11 +13,11 @@ import pytest
 
 from memento_sessions import keys
 from memento_sessions.backends import Backends
-from memento_sessions.coordination.clock import now_ms
 from memento_sessions.coordination.presence import Conn, Presence
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
+from memento_sessions.sessions.manager import now_ms
 from memento_sessions.settings import Settings
 from tests.helpers import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc

@@ -15,13 +15,13 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
-from memento_sessions.coordination.clock import iso, now_ms
 from memento_sessions.coordination.coverage import NO_GRAPH, Coverage
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import Conflict
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS
+from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)

@@ -15,12 +15,12 @@ import pydantic_core
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
-from memento_sessions.coordination.clock import iso, now_ms
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import NotFound
 from memento_sessions.metrics import MAILBOX_DROPPED, MAILBOX_MESSAGES
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Peer
+from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.settings import Settings
 
 Result = dict[str, Any]

@@ -21,10 +21,10 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
-from memento_sessions.coordination.clock import iso, now_ms
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.logs import get_logger
 from memento_sessions.rpc import Call, Peer, encode_notification
+from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)

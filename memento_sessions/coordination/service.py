@@ -11,7 +11,6 @@ from anyio.abc import TaskStatus
 from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import Alerts
-from memento_sessions.coordination.clock import now_ms
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Mailbox
 from memento_sessions.coordination.presence import Conn, Presence
@@ -20,7 +19,7 @@ from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Call, Result
-from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.sessions.manager import SessionManager, now_ms
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
