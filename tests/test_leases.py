@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -14,7 +17,7 @@ import pytest
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph
 from memento_sessions.server.daemon import Daemon, running
-from tests.helpers import make_settings, token
+from tests.helpers import falkordb_url, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
@@ -228,3 +231,26 @@ async def test_a_graph_write_on_one_daemon_changes_what_the_next_lease_covers_on
         assert after["covers"] == [LOGIN]  # d1's grant saw the new graph version and read the graph again
         refused = await w.call("lease.acquire", {"entityIds": [LOGIN], "ttl": 60})
         assert refused["granted"] is False and refused["conflicts"][0]["via"] == FILE
+
+
+async def test_kg_load_from_the_command_line_changes_what_the_next_lease_covers(
+        backend_urls: Endpoints, daemon: Daemon, tmp_path: Path, namespace: str, graph: Graph) -> None:
+    """`kg load` writes FalkorDB without a daemon: it still tells the daemons' coverage caches at once."""
+    await graph.query("CREATE (:CodebaseEntity {id: $file})", {"file": FILE})
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        before = await a.call("lease.acquire", {"entityIds": [FILE], "ttl": 60})
+        assert before["covers"] == []  # the daemon has now cached the namespace's containment: none
+        await a.call("lease.release", {"leaseId": before["leaseId"]})
+        records = tmp_path / "kg.jsonl"
+        records.write_text("\n".join(json.dumps(line) for line in (
+            {"node": {"id": LOGIN, "labels": ["Symbol"]}},
+            {"edge": {"from": FILE, "to": LOGIN, "type": "DEFINES"}})) + "\n")
+        env = {**os.environ, "MEMENTO_REDIS_URL": backend_urls.redis_url, "MEMENTO_POSTGRES_DSN": "off",
+               "MEMENTO_DATA_DIR": str(tmp_path / "cli"), "MEMENTO_LOG_LEVEL": "warning"}
+        if (falkordb := falkordb_url(backend_urls)) is not None:
+            env["MEMENTO_FALKORDB_URL"] = falkordb
+        done = await anyio.run_process([sys.executable, "-m", "memento_sessions.cli", "kg", "load", str(records),
+                                        "--namespace", namespace], env=env, check=False)
+        assert done.returncode == 0, done.stderr.decode()
+        after = await a.call("lease.acquire", {"entityIds": [FILE], "ttl": 60})
+        assert after["covers"] == [LOGIN]  # well inside the 60 s the cache would otherwise be trusted

@@ -90,11 +90,29 @@ async def _load(settings: Settings, namespace: str, nodes: list[NodeRecord],
         graph = await Graphs(backends).get(namespace)
         show = _progress if len(nodes) + len(edges) > 2 * BATCH else None
         counts = await upsert(graph, nodes, edges, show)
+        await _graph_changed(backends.redis, namespace)
         if settings.redis_url is None:
             await _compact(backends.redis)
     if show is not None:
         print(file=sys.stderr)
     return counts
+
+
+async def _graph_changed(redis: AsyncRedis, namespace: str) -> None:
+    """Tell the daemons the namespace's graph changed: each caches what a lease on a file or cluster covers,
+    and a new graph version (the coordination library's `mc_graph_changed`) makes their next grant read it
+    again. Where no daemon has loaded that library yet, none holds a cache to correct."""
+    import uuid
+
+    from redis.exceptions import ResponseError
+
+    from memento_sessions import keys
+
+    try:
+        await redis.fcall("mc_graph_changed", 1, keys.lease_keys(namespace).fence, uuid.uuid4().hex)
+    except ResponseError as exc:
+        if "Function not found" not in str(exc):
+            raise
 
 
 async def _compact(redis: AsyncRedis) -> None:
