@@ -30,6 +30,7 @@ from memento_sessions.settings import Settings
 log = get_logger(__name__)
 Result = dict[str, Any]
 STALE_BEATS = 3  # heartbeats missed before another daemon's field counts as gone
+ALIVE_BATCH = 1000  # agents per ZADD of the heartbeat: one call stays short for Redis's other clients
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
 
 
@@ -184,9 +185,7 @@ class Presence:
         now = now_ms()
         alive = {(c.namespace, c.agent) for c in self.conns.values()} | self.seen
         self.seen = set()
-        for namespace, agent in alive:
-            await self.store.command("ZADD", keys.lease_keys(namespace).alive, "GT", now, agent)
-            await self.store.command("EXPIRE", keys.lease_keys(namespace).alive, 7200)
+        await self._keep_alive(alive, now)
         written: set[tuple[str, str, str]] = set()
         for conn in list(self.conns.values()):
             for session_id in conn.sessions:
@@ -196,6 +195,19 @@ class Presence:
             if not conn.idle and now - conn.last_request >= self.idle_ms:
                 conn.idle = True
                 await self._publish_all(conn, "idle")
+
+    async def _keep_alive(self, alive: Iterable[tuple[str, str]], now: int) -> None:
+        """Refresh every live agent's `alive` score: one ZADD per namespace and ALIVE_BATCH agents, not one per
+        agent (10,000 connected agents made 20,000 Redis calls a beat)."""
+        by_namespace: dict[str, list[str]] = {}
+        for namespace, agent in alive:
+            by_namespace.setdefault(namespace, []).append(agent)
+        for namespace, agents in by_namespace.items():
+            key = keys.lease_keys(namespace).alive
+            for start in range(0, len(agents), ALIVE_BATCH):
+                pairs = [item for agent in agents[start:start + ALIVE_BATCH] for item in (now, agent)]
+                await self.store.command("ZADD", key, "GT", *pairs)
+            await self.store.command("EXPIRE", key, 7200)
 
     async def set_roles(self, who: Identity, roles: list[str]) -> Result:
         """Declare the caller's roles (replacing those it declared before; its token's roles stay):

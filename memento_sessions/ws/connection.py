@@ -71,7 +71,7 @@ class Connection:
         self._queued = 0
         self._held = 0
         self._wakeup = anyio.Event()
-        self._drained = anyio.Event()
+        self._drained: anyio.Event | None = None  # made by a replay waiting for room: most clients never wait
         self._cleanups: list[Callable[[], None]] = []
         self._after_reply: list[Callable[[], None]] = []
         self.close_code: int | None = None
@@ -130,6 +130,10 @@ class Connection:
             self._drained = anyio.Event()
             await self._drained.wait()
 
+    def _wake_replays(self) -> None:
+        if self._drained is not None:
+            self._drained.set()
+
     def on_close(self, cleanup: Callable[[], None]) -> None:
         """Run `cleanup` when the connection ends (the subscriptions register one per connection)."""
         self._cleanups.append(cleanup)
@@ -153,7 +157,7 @@ class Connection:
                 self._out.clear()
                 self._queued = 0
             self._wakeup.set()
-            self._drained.set()
+            self._wake_replays()
 
     def gone(self, code: int) -> None:
         """The client is gone: nothing more will be sent; wake the writer and every replay waiting for room."""
@@ -162,7 +166,7 @@ class Connection:
         self._out.clear()
         self._queued = 0
         self._wakeup.set()
-        self._drained.set()
+        self._wake_replays()
 
     async def writer(self) -> None:
         """Send queued frames in order, then the close frame; a client that left ends it quietly."""
@@ -178,7 +182,7 @@ class Connection:
             self._wakeup = anyio.Event()
             while self._out:
                 await self._send_some()
-                self._drained.set()
+                self._wake_replays()
             if self.close_code is not None:
                 with anyio.move_on_after(CLOSE_TIMEOUT):
                     await self._send({"type": "websocket.close", "code": self.close_code, "reason": self.close_reason})
