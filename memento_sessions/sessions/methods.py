@@ -53,48 +53,57 @@ class EmitBatchParams(SessionParams):
     events: list[EventIn] = Field(min_length=1, max_length=MAX_BATCH)
 
 
-def register(registry: Registry, manager: SessionManager) -> None:
-    """Add the session methods to the registry."""
-    ttl_cap = manager.settings.session_ttl
+class SessionMethods:
+    """`session.create|join|leave|get|list` and `event.emit|emitBatch`: each a thin call into the SessionManager."""
 
-    async def create(call: Call, p: CreateParams) -> Result:
+    def __init__(self, manager: SessionManager) -> None:
+        self.manager = manager
+
+    async def create(self, call: Call, p: CreateParams) -> Result:
+        ttl_cap = self.manager.settings.session_ttl
         if p.ttl is not None and p.ttl > ttl_cap:
             raise InvalidParams("invalid params", [{"field": "ttl", "message": f"at most {ttl_cap} "
                                                     "(MEMENTO_SESSION_TTL)"}])
-        return await manager.create(call.identity, entity_ids=p.entityIds, session_id=p.sessionId, ttl=p.ttl,
-                                    labels=p.labels)
+        return await self.manager.create(call.identity, entity_ids=p.entityIds, session_id=p.sessionId, ttl=p.ttl,
+                                         labels=p.labels)
 
-    async def join(call: Call, p: SessionParams) -> Result:
-        return await manager.join(call.identity, p.sessionId)
+    async def join(self, call: Call, p: SessionParams) -> Result:
+        return await self.manager.join(call.identity, p.sessionId)
 
-    async def leave(call: Call, p: SessionParams) -> Result:
-        await manager.leave(call.identity, p.sessionId)
+    async def leave(self, call: Call, p: SessionParams) -> Result:
+        await self.manager.leave(call.identity, p.sessionId)
         return {}
 
-    async def get(call: Call, p: GetParams) -> Result:
-        return await manager.get(call.identity.namespace, p.sessionId, condensed=p.condensed, since=p.since,
-                                 limit=p.limit)
+    async def get(self, call: Call, p: GetParams) -> Result:
+        return await self.manager.get(call.identity.namespace, p.sessionId, condensed=p.condensed, since=p.since,
+                                      limit=p.limit)
 
-    async def list_(call: Call, p: ListParams) -> Result:
-        return await manager.list_sessions(call.identity.namespace, state=p.state, agent_id=p.agentId,
-                                           limit=p.limit, cursor=p.cursor)
+    async def list_(self, call: Call, p: ListParams) -> Result:
+        return await self.manager.list_sessions(call.identity.namespace, state=p.state, agent_id=p.agentId,
+                                                limit=p.limit, cursor=p.cursor)
 
-    async def emit(call: Call, p: EmitParams) -> Result:
-        done = await manager.emit(call.identity, p.sessionId, p.event)
+    async def emit(self, call: Call, p: EmitParams) -> Result:
+        done = await self.manager.emit(call.identity, p.sessionId, p.event)
         return {"seq": done.seq, "duplicate": done.duplicate}
 
-    async def emit_batch(call: Call, p: EmitBatchParams) -> Result:
-        done = await manager.emit_batch(call.identity, p.sessionId, p.events)
+    async def emit_batch(self, call: Call, p: EmitBatchParams) -> Result:
+        done = await self.manager.emit_batch(call.identity, p.sessionId, p.events)
         result: dict[str, Any] = {"seqs": [item.seq for item in done]}
         if any(item.duplicate for item in done):
             result["duplicates"] = [item.seq for item in done if item.duplicate]
         return result
 
-    write, read = "sessions:write", "sessions:read"
-    registry.add("session.create", CreateParams, create, write)
-    registry.add("session.join", SessionParams, join, write)
-    registry.add("session.leave", SessionParams, leave, write)
-    registry.add("session.get", GetParams, get, read)
-    registry.add("session.list", ListParams, list_, read)
-    registry.add("event.emit", EmitParams, emit, write)
-    registry.add("event.emitBatch", EmitBatchParams, emit_batch, write)
+    def register(self, registry: Registry) -> None:
+        write, read = "sessions:write", "sessions:read"
+        registry.add("session.create", CreateParams, self.create, write)
+        registry.add("session.join", SessionParams, self.join, write)
+        registry.add("session.leave", SessionParams, self.leave, write)
+        registry.add("session.get", GetParams, self.get, read)
+        registry.add("session.list", ListParams, self.list_, read)
+        registry.add("event.emit", EmitParams, self.emit, write)
+        registry.add("event.emitBatch", EmitBatchParams, self.emit_batch, write)
+
+
+def register(registry: Registry, manager: SessionManager) -> None:
+    """Add the session methods to the registry."""
+    SessionMethods(manager).register(registry)
