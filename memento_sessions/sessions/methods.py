@@ -95,13 +95,17 @@ class SessionMethods:
 
     def register(self, registry: Registry) -> None:
         write, read = "sessions:write", "sessions:read"
-        registry.add("session.create", CreateParams, self.create, write)
-        registry.add("session.join", SessionParams, self.join, write)
-        registry.add("session.leave", SessionParams, self.leave, write)
-        registry.add("session.get", GetParams, self.get, read)
-        registry.add("session.list", ListParams, self.list_, read)
-        registry.add("event.emit", EmitParams, self.emit, write)
-        registry.add("event.emitBatch", EmitBatchParams, self.emit_batch, write)
+        table: dict[str, tuple[type[Params], Any, str]] = {
+            "session.create": (CreateParams, self.create, write),
+            "session.join": (SessionParams, self.join, write),
+            "session.leave": (SessionParams, self.leave, write),
+            "session.get": (GetParams, self.get, read),
+            "session.list": (ListParams, self.list_, read),
+            "event.emit": (EmitParams, self.emit, write),
+            "event.emitBatch": (EmitBatchParams, self.emit_batch, write),
+        }
+        for name, (params, handler, scope) in table.items():
+            registry.add(name, params, handler, scope)
 
 
 def register(registry: Registry, manager: SessionManager) -> None:
