@@ -135,3 +135,23 @@ async def test_a_connection_closed_when_no_task_can_start_leaves_no_unawaited_pr
         gc.collect()
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
     assert presence.conns == {}
+
+
+async def test_a_heartbeat_survives_sessions_joined_while_it_writes(backends: Backends, settings: Settings,
+                                                                     namespace: str) -> None:
+    """A beat awaits Redis for each session of each connection; a subscribe in between adds a session to that
+    very connection. Iterating the live set then raised 'Set changed size during iteration', and the failed
+    heartbeat ended the daemon (seen once in CI: test_ws_bounds on the cluster)."""
+    presence = Presence(CoordStore(backends.redis), settings, "d-beat")
+    conn = Conn(namespace, "agent-b", _Hung(), now_ms(), {f"s-{i}" for i in range(5)})  # type: ignore[arg-type]
+    presence.conns[conn.peer.conn_id] = conn
+
+    async def join_more() -> None:  # one join per Redis round trip, as subscribes come in while the beat writes
+        for i in range(5, 50):
+            await backends.redis.ping()
+            conn.sessions.add(f"s-{i}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(join_more)
+        await presence.beat_once()
+    assert await backends.redis.exists(keys.presence_key(namespace, "s-0")) == 1

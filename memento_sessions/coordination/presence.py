@@ -179,6 +179,8 @@ class Presence:
                 await self.beat_once()
             except UNAVAILABLE as exc:
                 log.warning("presence heartbeat: Redis unavailable", error=repr(exc))
+            except Exception:  # a bug in one beat must not end the daemon: logged, and the next beat runs
+                log.exception("presence heartbeat failed")
 
     async def beat_once(self) -> None:
         """One heartbeat."""
@@ -188,7 +190,7 @@ class Presence:
         await self._keep_alive(alive, now)
         written: set[tuple[str, str, str]] = set()
         for conn in list(self.conns.values()):
-            for session_id in conn.sessions:
+            for session_id in list(conn.sessions):  # a subscribe may add one while this awaits Redis
                 if (conn.namespace, session_id, conn.agent) not in written:
                     written.add((conn.namespace, session_id, conn.agent))
                     await self._write(conn.namespace, session_id, conn.agent)
