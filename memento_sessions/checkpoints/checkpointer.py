@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import anyio
@@ -32,6 +33,7 @@ from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
 from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
+from memento_sessions.loops import one_pass
 from memento_sessions.metrics import CHECKPOINTS, KG_ANCHORS_WRITTEN, SNAPSHOTS_DEFERRED
 from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
@@ -101,7 +103,11 @@ class Checkpointer:
         manager.listeners.append(self.on_emitted)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Work through queued checkpoints with a few workers, forever."""
+        """Work through queued checkpoints with a few workers, forever; the queue is closed when they stop."""
+        with self._send, self._receive:
+            await self._run(task_status)
+
+    async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for _ in range(WORKERS):
@@ -127,15 +133,13 @@ class Checkpointer:
         await retry(self.snapshots.migrate, SNAPSHOT_TRANSIENT, first=1.0, cap=30.0, jitter=False)
 
     async def _flush_forever(self) -> None:
-        """Store the snapshots left in Redis (by this daemon or one that stopped), now and every FLUSH_EVERY."""
+        """Store the snapshots left in Redis (by this daemon or one that stopped), now and every FLUSH_EVERY;
+        after a failed pass the pause doubles, up to FLUSH_MAX_DELAY."""
         delay = FLUSH_EVERY
         while True:
-            try:
-                await self.pending.flush(self.snapshots)
-                delay = FLUSH_EVERY
-            except (*SNAPSHOT_TRANSIENT, *UNAVAILABLE) as exc:
-                delay = min(delay * 2, FLUSH_MAX_DELAY)
-                log.warning("pending failure snapshots not flushed yet", retry_in=delay, error=repr(exc))
+            stored = await one_pass(partial(self.pending.flush, self.snapshots), "pending snapshot flush",
+                                    (*SNAPSHOT_TRANSIENT, *UNAVAILABLE))
+            delay = FLUSH_EVERY if stored is not None else min(delay * 2, FLUSH_MAX_DELAY)
             await anyio.sleep(delay)
 
     def on_emitted(self, namespace: str, session_id: str, done: Sequence[Emitted]) -> None:
@@ -154,6 +158,8 @@ class Checkpointer:
         except anyio.WouldBlock:
             log.warning("checkpoint queue full; trigger dropped", session_id=session_id)
             return
+        except anyio.ClosedResourceError:
+            return  # the daemon is stopping: the next daemon's checkpoint covers the window
         self._queued.add(key)
 
     async def _worker(self) -> None:

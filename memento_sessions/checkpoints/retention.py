@@ -24,6 +24,7 @@ from memento_sessions.checkpoints.anchors import prune_graph
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
+from memento_sessions.loops import one_pass
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
@@ -151,15 +152,9 @@ async def run_while_leader(lease: Lease, job: Callable[[], Awaitable[object]], i
 
 async def _run_logged(job: Callable[[], Awaitable[object]]) -> None:
     """A failed run is logged and retried at the next interval, never fatal to the daemon."""
-    try:
-        result = await job()
-    except UNANSWERED as exc:  # a backend briefly away is expected: no traceback, the next run tries again
-        log.warning("retention run skipped: a backend did not answer", error=repr(exc))
-        return
-    except Exception:
-        log.exception("retention run failed")
-        return
-    log.info("retention run", result=repr(result))
+    result = await one_pass(job, "retention run", UNANSWERED)
+    if result is not None:
+        log.info("retention run", result=repr(result))
 
 
 def retention_job(graphs: Graphs, snapshots: Snapshots, settings: Settings) -> Callable[[], Awaitable[PruneReport]]:

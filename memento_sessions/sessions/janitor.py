@@ -6,16 +6,16 @@ Every daemon runs it; it is idempotent, so several at once do no harm.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import anyio
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from memento_sessions import keys
-from memento_sessions.logs import get_logger
+from memento_sessions.loops import one_pass
 from memento_sessions.metrics import ACTIVE_SESSIONS
 
-log = get_logger(__name__)
 INTERVAL = 15.0
 CHUNK = 500
 
@@ -50,10 +50,7 @@ async def sweep(redis: aioredis.Redis) -> int:
 async def janitor(redis: aioredis.Redis) -> None:
     """Sweep forever, every INTERVAL seconds."""
     while True:
-        try:
-            await sweep(redis)
-        except RedisError as exc:
-            log.warning("index sweep failed", error=repr(exc))
+        await one_pass(partial(sweep, redis), "index sweep", (RedisError,))
         await anyio.sleep(INTERVAL)
 
 

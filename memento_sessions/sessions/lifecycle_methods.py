@@ -8,6 +8,7 @@ over the same handlers: `session.get {atSeq}`, `session.list {status}` and `sess
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from redis.exceptions import RedisError
 from memento_sessions import keys
 from memento_sessions.backends import UNANSWERED, Backends
 from memento_sessions.errors import InvalidParams, MementoError, NotFound
-from memento_sessions.logs import get_logger
+from memento_sessions.loops import one_pass
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.history import History
@@ -32,7 +33,6 @@ from memento_sessions.sessions.paging import PAGE, page_bytes
 from memento_sessions.sessions.stored import stored_at, stored_condensed, stored_get, stored_session
 from memento_sessions.sessions.suspended import Suspended, SuspendedStore
 
-log = get_logger(__name__)
 Status = Literal["active", "suspended", "completed", "archived"]
 LIVE_CURSOR = re.compile(r"[0-9]{1,16}:[A-Za-z0-9._:-]{1,128}")  # session.list's own cursor (methods.ListCursor)
 IDLE_EVERY = 15.0  # seconds between idle-suspend passes
@@ -110,13 +110,11 @@ class LifecycleService:
                     kept += await self.lifecycle.keep_completed(namespace, session_id)
         return kept
 
-    async def _guarded(self, job: Any) -> None:
+    async def _guarded(self, job: Callable[[], Awaitable[object]]) -> None:
         """Run one pass; a backend that fails it (Postgres shutting down or cutting the connection mid-query,
-        a Redis or Cluster error) is logged and the next pass tries again: it must not stop the daemon."""
-        try:
-            await job()
-        except PASS_ERRORS as exc:
-            log.warning("lifecycle pass failed", job=job.__name__, error=repr(exc))
+        a Redis or Cluster error) is a warning, anything else a logged bug, and the next pass tries again:
+        it must not stop the daemon."""
+        await one_pass(job, f"lifecycle {getattr(job, '__name__', 'pass')}", PASS_ERRORS)
 
     async def archive(self, now: datetime | None = None) -> int:
         """Suspended and completed sessions older than MEMENTO_ARCHIVE_AFTER_DAYS (at `now`, default the
