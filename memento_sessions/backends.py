@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
+import anyio
 import asyncpg
 import redis.asyncio as aioredis
 from falkordb.asyncio import FalkorDB
@@ -105,6 +106,7 @@ class Postgres:
     def __init__(self, dsn: str | None) -> None:
         self.dsn = dsn
         self._pool: asyncpg.Pool | None = None
+        self._opening = anyio.Lock()  # two first callers at once must not open two pools (one would leak)
 
     @property
     def enabled(self) -> bool:
@@ -115,12 +117,17 @@ class Postgres:
         if self.dsn is None:
             raise BackendUnavailable("postgres is off (MEMENTO_POSTGRES_DSN=off)")
         if self._pool is None:
-            try:
-                self._pool = await asyncpg.create_pool(self.dsn, min_size=1, max_size=8, timeout=2.0,
-                                                       command_timeout=10.0)
-            except (OSError, asyncpg.PostgresError) as exc:
-                raise BackendUnavailable(f"postgres: {exc}") from exc
+            async with self._opening:
+                if self._pool is None:
+                    self._pool = await self._open(self.dsn)
         return self._pool
+
+    @staticmethod
+    async def _open(dsn: str) -> asyncpg.Pool:
+        try:
+            return await asyncpg.create_pool(dsn, min_size=1, max_size=8, timeout=2.0, command_timeout=10.0)
+        except (OSError, asyncpg.PostgresError) as exc:
+            raise BackendUnavailable(f"postgres: {exc}") from exc
 
     async def ping(self) -> None:
         """One round trip; raises on failure."""

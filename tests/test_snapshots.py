@@ -224,3 +224,20 @@ async def test_retry_store_waits_for_postgres_and_writes_exactly_once(tmp_path: 
 
 async def _retry_into(results: dict[str, int], name: str, snapshots: Snapshots, namespace: str, cp: str) -> None:
     results[name] = await snapshots.retry_store(namespace, "s-1", cp, "broken", EVENTS, max_delay=0.4)
+
+
+async def test_first_callers_at_once_share_one_pool(backend_urls: Endpoints) -> None:
+    """Ten first calls racing get one pool: each used to open its own, and all but the last leaked."""
+    postgres = Postgres(backend_urls.postgres_dsn)
+    pools: list[asyncpg.Pool] = []
+
+    async def first_call() -> None:
+        pools.append(await postgres.pool())
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(first_call)
+        assert len(pools) == 10 and len({id(pool) for pool in pools}) == 1
+    finally:
+        await postgres.close()
