@@ -207,6 +207,13 @@ async def test_live_sessions_events_broken_and_handoff(site: str, daemon: Daemon
             advice = await run(browser.wait, "const a = document.querySelector('#advice'); return a && a.textContent")
             handoff = await alice.call("bridge.handoff", {"sessionId": sid})
             assert advice == handoff["joiningAdvice"] and advice.startswith("Broken at seq 9")
+            # bob's lease on fn:parse is shown; bob is in the session, so it is no open conflict.
+            assert [h["heldBy"] for h in handoff["leases"]] == ["bob"] and handoff["openConflicts"] == []
+            assert await run(browser.js, "return [...document.querySelectorAll('#handoff-leases .line')]"
+                                         ".map(l => [l.dataset.lease, l.textContent])") == \
+                [[lease["leaseId"], "fn:parse exclusive bob"]]
+            assert await run(browser.js, "return document.querySelector('#handoff-conflicts').textContent") \
+                == "no open conflicts"
             await run(browser.screenshot, IMAGES / "dashboard-handoff.png")
 
 

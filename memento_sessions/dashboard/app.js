@@ -601,8 +601,21 @@ function loadHandoff() {
     const advice = span(typeof r.joiningAdvice === "string" ? r.joiningAdvice : JSON.stringify(r.joiningAdvice ?? ""), "advice");
     advice.id = "advice";
     box.replaceChildren(span(`${r.sessionId} · ${r.state} · ${(r.agentIds || []).join(", ")}`, "dim"),
-      heading("Joining advice"), advice, heading("Recent changes"), recent, heading("Knowledge graph"), kg);
+      heading("Joining advice"), advice, heading("Recent changes"), recent, heading("Knowledge graph"), kg,
+      heading("Leases on its entities"), holds(r.leases, "handoff-leases", "no leases on its entities"),
+      heading("Open conflicts (held outside the session)"),
+      holds(r.openConflicts, "handoff-conflicts", "no open conflicts"));
   });
+}
+
+function holds(list, id, empty) {
+  // bridge.handoff's live holds, `{entityId, heldBy, leaseId, mode, via?}`; absent on a daemon without leases.
+  const box = document.createElement("div");
+  box.id = id;
+  lines(box, list || [], (h) => [span(h.entityId, "sid"), span(` ${h.mode}`, `mode ${h.mode}`),
+    span(` ${h.heldBy}`, "actor"), span(h.via ? ` via ${h.via}` : "", "dim")], empty,
+  (h) => ({ lease: h.leaseId, agent: h.heldBy }));
+  return box;
 }
 
 function blockText(b) {
