@@ -316,6 +316,42 @@ async def test_an_ingested_conversation_shows_its_blocks(site: str, daemon: Daem
             == "3 blocks"
 
 
+async def test_a_long_conversation_pages_and_shows_its_subagent_threads(site: str, daemon: Daemon, namespace: str,
+                                                                      browser: Browser) -> None:
+    """250 main blocks: the first page (200) with "more", which appends the rest; a subagent's thread by its
+    button, with its own blocks only."""
+    main = [{"id": f"u{i}", "type": "block:upsert", "data": {"block": {
+        "id": f"m{i}", "kind": "user_message", "status": "complete", "content": f"prompt {i}"}}} for i in range(250)]
+    sub = [{"id": "s0", "type": "subagent:spawned", "data": {"subagentId": "sub-1", "subagentType": "Explore"}},
+           *({"id": f"s{i}", "type": "block:upsert", "data": {"subagentId": "sub-1", "block": {
+               "id": f"x{i}", "kind": "assistant_text", "status": "complete", "content": f"found {i}"}}}
+             for i in (1, 2)),
+           {"id": "s3", "type": "subagent:completed", "data": {"subagentId": "sub-1", "status": "completed"}}]
+    async with rpc(daemon.port, token("alice", namespace)) as alice:
+        sid = (await alice.call("session.create", {}))["sessionId"]
+        await alice.call("event.emitBatch", {"sessionId": sid, "events": main + sub})
+        await login(browser, site, "viewer", namespace)
+        await open_session(browser, sid)
+        await run(browser.click, "button[data-tab='conversation']")
+        await run(browser.wait, "return document.querySelectorAll('#conversation .line[data-block]').length === 200")
+        assert await run(browser.js, "return document.querySelector('#conversation > span').textContent") \
+            == "250 blocks · 1 subagents · first 200 shown"
+        assert await run(browser.js, "return [...document.querySelectorAll('#conversation .threads button')]"
+                                     ".map(b => [b.dataset.thread, b.textContent, b.className])") == \
+            [["main", "main", "on"], ["sub-1", "Explore (completed, 2 blocks)", ""]]
+        await run(browser.click, "#conversation > button")
+        await run(browser.wait, "return document.querySelectorAll('#conversation .line[data-block]').length === 250")
+        assert await run(browser.js, "return document.querySelector('#conversation .line[data-block]:last-child')"
+                                     ".dataset.block") == "m249"
+        assert await run(browser.js, "return document.querySelector('#conversation > button')") is None
+        await run(browser.click, "#conversation .threads button[data-thread='sub-1']")
+        await run(browser.wait, "return document.querySelectorAll('#conversation .line[data-block]').length === 2")
+        assert await run(browser.js, "return [...document.querySelectorAll('#conversation .line[data-block]')]"
+                                     ".map(l => l.textContent)") == ["assistant_text found 1", "assistant_text found 2"]
+        assert await run(browser.js, "return document.querySelector('#conversation > span').textContent") \
+            == "2 blocks · subagent sub-1 · 1 subagents"
+
+
 async def test_a_bad_token_is_refused_clearly(site: str, browser: Browser) -> None:
     await run(browser.get, f"{site}/?token=not-a-token")
     message = await run(browser.wait, "return document.querySelector('#login-msg').textContent")

@@ -626,18 +626,49 @@ function blockText(b) {
   return typeof b.content === "string" ? b.content : JSON.stringify(b.content ?? "");
 }
 
-function loadConversation() {
-  // One page (session.conversation's default, 200 blocks) of the main thread; subagents are counted.
+function loadConversation(thread = null, before = []) {
+  // A page (session.conversation's default, 200 blocks) of one thread, the main one or a subagent's;
+  // "more" appends the next page to the blocks already shown.
   const box = $("#conversation");
-  panel(box, () => app.rpc.call("session.conversation", { sessionId: app.detail.id }), (r) => {
+  const params = { sessionId: app.detail.id, cursor: before.length };
+  if (thread) params.subagentId = thread;
+  panel(box, () => app.rpc.call("session.conversation", params), (r) => {
+    const blocks = [...before, ...(r.blocks || [])];
     const list = document.createElement("div");
-    lines(list, r.blocks || [], (b) => [span(`${b.kind} `, `actor kind-${b.kind}`),
+    lines(list, blocks, (b) => [span(`${b.kind} `, `actor kind-${b.kind}`),
       span(b.status === "pending" ? "… " : "", "dim"), span(blockText(b), "sum")], "no conversation recorded",
     (b) => ({ block: b.id, kind: b.kind, status: b.status }));
-    const head = [`${r.blockCount} blocks`, r.subagentCount ? `${r.subagentCount} subagents` : "",
-      r.idle ? "idle" : "", r.nextCursor !== undefined ? `first ${(r.blocks || []).length} shown` : ""];
-    box.replaceChildren(span(head.filter(Boolean).join(" · "), "dim"), list);
-  });
+    const head = [`${r.blockCount} blocks`, thread ? `subagent ${thread}` : "",
+      r.subagentCount ? `${r.subagentCount} subagents` : "", r.idle ? "idle" : "",
+      r.nextCursor !== undefined ? `first ${blocks.length} shown` : ""];
+    const parts = [span(head.filter(Boolean).join(" · "), "dim")];
+    if (r.subagentCount) parts.push(threadButtons(r.subagents || [], thread));
+    parts.push(list);
+    if (r.nextCursor !== undefined) parts.push(button("more", () => loadConversation(thread, blocks)));
+    box.replaceChildren(...parts);
+  }, before.length === 0);
+}
+
+function threadButtons(subagents, current) {
+  // The main thread and each subagent's (its type or description, status and block count).
+  const row = document.createElement("div");
+  row.className = "threads";
+  const pick = (id, label) => {
+    const b = button(label, () => loadConversation(id));
+    b.dataset.thread = id || "main";
+    b.classList.toggle("on", id === current);
+    return b;
+  };
+  row.append(pick(null, "main"), ...subagents.map((s) =>
+    pick(s.id, `${s.subagentType || s.description || s.id} (${s.status || "running"}, ${s.blockCount} blocks)`)));
+  return row;
+}
+
+function button(label, onClick) {
+  const b = document.createElement("button");
+  b.textContent = label;
+  b.addEventListener("click", onClick);
+  return b;
 }
 
 // ---------------------------------------------------------------- chart
