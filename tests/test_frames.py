@@ -1,4 +1,4 @@
-"""sessions/frames.py reads and rebuilds the very frames the Redis Function publishes (functions.lua emit_one)."""
+"""sessions/frames.py reads and rebuilds the very frames the Redis Function publishes (functions.lua publish_event)."""
 
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio
@@ -84,6 +85,53 @@ async def test_every_key_carries_a_ttl_reset_by_activity_and_expires_alone(setti
         assert 0 < await r.ttl(key) <= settings.session_ttl
     await r.aclose()
     await r2.aclose()
+
+
+async def test_a_full_batch_stores_each_id_once_in_order_with_replays_of_stored_and_earlier_ids(
+        settings: Settings, namespace: str) -> None:
+    """A batch of 500 (the Function writes its ids in chunks): 100 replays of ids stored by an earlier batch,
+    100 repeats of ids earlier in the same batch, 100 events without an id, 200 new ids."""
+    r = aioredis.Redis.from_url(settings.redis_url or "", decode_responses=True)
+    manager = SessionManager(r, settings)
+    await manager.start()
+    alice = who("alice", namespace)
+    sid = (await manager.create(alice))["sessionId"]
+    first = await manager.emit_batch(alice, sid, [EventIn(type="modified", id=f"old-{i}") for i in range(100)])
+    assert [item.seq for item in first] == list(range(1, 101))
+    batch = []
+    for i in range(100):
+        batch += [EventIn(type="modified", id=f"new-{i}"), EventIn(type="modified", id=f"old-{i}"),
+                  EventIn(type="modified", id=f"new-{i}"), EventIn(type="m"),
+                  EventIn(type="broke" if i == 99 else "modified", id=f"more-{i}")]
+    done = await manager.emit_batch(alice, sid, batch)
+    seqs, fresh = [item.seq for item in done], iter(range(101, 401))
+    expected = []
+    for i in range(100):
+        new = next(fresh)
+        expected += [new, i + 1, new, next(fresh), next(fresh)]
+    assert seqs == expected
+    assert [item.duplicate for item in done] == [False, True, True, False, False] * 100
+    skeys = keys.session_keys(namespace, sid)
+    stored: list[Any] = await r.zrange(skeys.events, 0, -1, withscores=True)
+    assert [int(score) for _, score in stored] == list(range(1, 401))
+    assert all(member.startswith(f'{{"seq":{int(score)},"type":') for member, score in stored)
+    assert [json_id(member) for member, _ in stored[100:105]] == ["new-0", None, "more-0", "new-1", None]
+    ids = await r.hgetall(skeys.ids)
+    assert len(ids) == 300 and ids["new-99"] == str(expected[-5]) and ids["old-0"] == "1"
+    session = await r.hgetall(skeys.session)
+    assert (session["seq"], session["state"]) == ("400", "broken"), "the batch's last state change wins"
+    again = await manager.emit_batch(alice, sid, batch)
+    with_ids = [n for n in range(500) if n % 5 != 3]
+    assert [again[n].seq for n in with_ids] == [expected[n] for n in with_ids]
+    assert all(again[n].duplicate for n in with_ids)
+    assert await r.zcard(skeys.events) == 500, "the id-less events of a replayed batch are stored again"
+    await r.aclose()
+
+
+def json_id(member: str) -> str | None:
+    """The client id of a stored event, if it has one."""
+    value = json.loads(member).get("id")
+    return None if value is None else str(value)
 
 
 async def test_namespaces_are_isolated(daemon: Daemon, namespace: str) -> None:

@@ -1,6 +1,6 @@
 """The `session.event` frame: the one place in Python that builds it and reads its seq and epoch.
 
-The live frame is built by the Function that stores the event (functions.lua, `emit_one`), so that
+The live frame is built by the Function that stores the event (functions.lua, `publish_event`), so that
 the store and the PUBLISH are one atomic call; a replay rebuilds the same bytes here from the stored
 member. Both write exactly
 

@@ -13,28 +13,23 @@ local function refresh(keys, ttl)
 end
 
 local function live_session(keys)
-  local state, ttl, epoch = unpack(redis.call('HMGET', keys[1], 'state', 'ttl', 'epoch'))
+  local state, ttl, epoch, seq = unpack(redis.call('HMGET', keys[1], 'state', 'ttl', 'epoch', 'seq'))
   if not state then return redis.error_reply('NOTFOUND session not found') end
   if state == 'completed' then return redis.error_reply('CONFLICT session is completed') end
-  return {state, tonumber(ttl), epoch}
+  return {state, tonumber(ttl), epoch, tonumber(seq)}
 end
 
--- Stores one event and publishes its `session.event` frame. sessions/frames.py rebuilds the same bytes
--- for replays and reads seq and epoch by offset: change the frame there too (tests/test_frames.py).
-local function emit_one(keys, sid_json, epoch, channel, id, body)
-  if id ~= '' then
-    local prior = redis.call('HGET', keys[4], id)
-    if prior then return tonumber(prior), 1 end
-  end
-  local seq = redis.call('HINCRBY', keys[1], 'seq', 1)
-  if id ~= '' then redis.call('HSET', keys[4], id, seq) end
-  local member = '{"seq":' .. seq .. ',' .. body
-  redis.call('ZADD', keys[2], seq, member)
-  redis.call(SESSION_PUBLISH, channel,
-    '{"jsonrpc":"2.0","method":"session.event","params":{"seq":' .. seq .. ',"epoch":"' .. epoch ..
-    '","sessionId":' .. sid_json ..
-    ',"event":' .. member .. '}}')
-  return seq, 0
+-- One command over a long list of arguments, 200 at a time: Lua's C stack holds at most 8,000 values.
+local function chunked(command, key, items)
+  for j = 1, #items, 200 do redis.call(command, key, unpack(items, j, math.min(j + 199, #items))) end
+end
+
+-- Publishes a stored event's `session.event` frame; `member` is its ZSET member, '{"seq":N,' .. body.
+-- sessions/frames.py rebuilds the same bytes for replays and reads seq and epoch by offset: change the
+-- frame there too (tests/test_frames.py).
+local function publish_event(channel, sid_json, epoch, seq, member)
+  redis.call(SESSION_PUBLISH, channel, '{"jsonrpc":"2.0","method":"session.event","params":{"seq":' .. seq ..
+    ',"epoch":"' .. epoch .. '","sessionId":' .. sid_json .. ',"event":' .. member .. '}}')
 end
 
 -- ARGV: now_ms, ttl, agent, epoch, labels_json, announce_channel, announce_frame, parent, forked_at,
@@ -42,8 +37,9 @@ end
 -- either makes the whole session or nothing.
 local function create(keys, args)
   if redis.call('EXISTS', keys[1]) == 1 then return redis.error_reply('EXISTS session id is taken') end
-  local fields = {'state', 'working', 'seq', 0, 'createdAt', args[1], 'updatedAt', args[1], 'ttl', args[2],
-                  'epoch', args[4], 'labels', args[5], 'creator', args[3]}
+  local start = args[10] and args[10] ~= ''
+  local fields = {'state', 'working', 'seq', start and 1 or 0, 'createdAt', args[1], 'updatedAt', args[1],
+                  'ttl', args[2], 'epoch', args[4], 'labels', args[5], 'creator', args[3]}
   if args[8] ~= '' then
     table.insert(fields, 'parentSessionId'); table.insert(fields, args[8])
     table.insert(fields, 'forkedAtSeq'); table.insert(fields, args[9])
@@ -51,22 +47,38 @@ local function create(keys, args)
   redis.call('HSET', keys[1], unpack(fields))
   redis.call('SADD', keys[3], args[3])
   if args[13] and args[13] ~= '' then redis.call('HSET', keys[1], 'onIdle', args[13]) end
-  if args[10] and args[10] ~= '' then emit_one(keys, args[12], args[4], args[11], '', args[10]) end
+  if start then
+    local member = '{"seq":1,' .. args[10]
+    redis.call('ZADD', keys[2], 1, member)
+    publish_event(args[11], args[12], args[4], 1, member)
+  end
   refresh(keys, tonumber(args[2]))
   redis.call('PUBLISH', args[6], args[7])
   return args[4]
 end
 
+-- The seqs already stored under the batch's ids (one HMGET per 200), so no event needs a read of its own.
+local function known_ids(keys, args)
+  local ids, known = {}, {}
+  for i = 6, #args, 3 do if args[i] ~= '' then table.insert(ids, args[i]) end end
+  for j = 1, #ids, 200 do
+    local last = math.min(j + 199, #ids)
+    local seqs = redis.call('HMGET', keys[4], unpack(ids, j, last))
+    for k = j, last do if seqs[k - j + 1] then known[ids[k]] = tonumber(seqs[k - j + 1]) end end
+  end
+  return known
+end
+
 -- How many of the batch's events would be stored (not replays of an id already stored or earlier in it).
-local function fresh_count(keys, args)
+local function fresh_count(args, known)
   local fresh, seen = 0, {}
   for i = 6, #args, 3 do
     local id = args[i]
     if id == '' then
       fresh = fresh + 1
-    elseif not seen[id] then
+    elseif not known[id] and not seen[id] then
       seen[id] = true
-      if redis.call('HEXISTS', keys[4], id) == 0 then fresh = fresh + 1 end
+      fresh = fresh + 1
     end
   end
   return fresh
@@ -111,11 +123,14 @@ end
 
 -- ARGV: now_ms, actor, channel, sid_json, max_events, then (id, new_state, body) per event; body is the
 -- event's JSON without its opening brace, so the stored member is exactly '{"seq":N,' .. body.
--- A batch that would take the session past max_events stored events writes nothing (FULL).
+-- A batch that would take the session past max_events stored events writes nothing (FULL). However many
+-- events it holds, a batch is one ZADD, one HSET of its ids and one of the session (fewer commands and
+-- fewer copies in the AOF); only the frames go out one per event, in order.
 local function emit(keys, args)
   local live = live_session(keys)
   if live.err then return live end
-  local fresh = fresh_count(keys, args)
+  local known = known_ids(keys, args)
+  local fresh = fresh_count(args, known)
   local stored = redis.call('ZCARD', keys[2])
   if fresh > 0 and stored + fresh > tonumber(args[5]) then
     return redis.error_reply('FULL session_full ' .. stored .. ' events stored, ' .. fresh .. ' more; at most ' ..
@@ -123,18 +138,28 @@ local function emit(keys, args)
   end
   local stale = stale_fence(keys, args)
   if stale then return stale end
-  local state = nil
-  local out = {}
+  local seq, state, out, members, ids = live[4], nil, {}, {}, {}
   for i = 6, #args, 3 do
-    local seq, dup = emit_one(keys, args[4], live[3], args[3], args[i], args[i + 2])
-    table.insert(out, seq); table.insert(out, dup)
-    if dup == 0 and args[i + 1] ~= '' then state = args[i + 1] end
+    local id = args[i]
+    local prior = id ~= '' and known[id]
+    if prior then  -- a replay of an id stored before, or earlier in this batch: its seq, nothing written
+      table.insert(out, prior); table.insert(out, 1)
+    else
+      seq = seq + 1
+      if id ~= '' then
+        known[id] = seq
+        table.insert(ids, id); table.insert(ids, seq)
+      end
+      local member = '{"seq":' .. seq .. ',' .. args[i + 2]
+      table.insert(members, seq); table.insert(members, member)
+      publish_event(args[3], args[4], live[3], seq, member)
+      table.insert(out, seq); table.insert(out, 0)
+      if args[i + 1] ~= '' then state = args[i + 1] end
+    end
   end
-  if state then
-    redis.call('HSET', keys[1], 'state', state, 'updatedAt', args[1])
-  else
-    redis.call('HSET', keys[1], 'updatedAt', args[1])
-  end
+  chunked('ZADD', keys[2], members)
+  chunked('HSET', keys[4], ids)
+  redis.call('HSET', keys[1], 'seq', seq, 'state', state or live[1], 'updatedAt', args[1])
   redis.call('SADD', keys[3], args[2])
   refresh(keys, live[2])
   return out
@@ -153,7 +178,7 @@ end
 local function join(keys, args)
   local live = membership(keys, args, 'SADD')
   if live.err then return live end
-  return {live[1], redis.call('HGET', keys[1], 'seq')}
+  return {live[1], live[4]}
 end
 
 local function leave(keys, args)
