@@ -13,10 +13,17 @@ from typing import Any
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 
+from memento_sessions import keys
+from memento_sessions.auth import Identity
+from memento_sessions.backends import Backends
+from memento_sessions.coordination.leases import Leases
+from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph
 from memento_sessions.server.daemon import Daemon, running
+from memento_sessions.settings import Settings
 from tests.helpers import falkordb_url, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
@@ -254,3 +261,33 @@ async def test_kg_load_from_the_command_line_changes_what_the_next_lease_covers(
         assert done.returncode == 0, done.stderr.decode()
         after = await a.call("lease.acquire", {"entityIds": [FILE], "ttl": 60})
         assert after["covers"] == [LOGIN]  # well inside the 60 s the cache would otherwise be trusted
+
+
+async def test_a_failed_reaper_pass_is_logged_and_the_next_one_still_reaps(backends: Backends, settings: Settings,
+                                                                          namespace: str) -> None:
+    """A pass that fails with something other than a Redis outage (here the namespaces set holding the wrong
+    type, so its SMEMBERS is refused) once ended the reaper, and with it the daemon's task group."""
+    store = CoordStore(backends.redis)
+    await store.load()
+    leases = Leases(store, None, settings)
+    index = keys.coord_namespaces()
+    members = [str(m) for m in await backends.redis.smembers(index)]
+    await backends.redis.delete(index)
+    await backends.redis.set(index, "not a set")
+    with capture_logs() as entries:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(leases.reaper)
+            with anyio.fail_after(5):
+                while not [e for e in entries if e["event"] == "lease reaper pass failed"]:
+                    await anyio.sleep(0.05)
+            await backends.redis.delete(index)
+            if members:
+                await backends.redis.sadd(index, *members)
+            who = Identity("a", namespace, frozenset({"sessions:write"}))
+            assert (await leases.acquire(who, ["x"], 1, "exclusive"))["granted"]  # 1 s: the API's floor is 5
+            with anyio.fail_after(5):  # the reaper, still running, ends it
+                while await backends.redis.hlen(keys.lease_keys(namespace).leases):
+                    await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    failed = [e for e in entries if e["event"] == "lease reaper pass failed"]
+    assert failed[0]["log_level"] == "error" and failed[0]["exc_info"] is True

@@ -12,7 +12,9 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from memento_sessions import keys
 from memento_sessions.auth import issue_token
+from memento_sessions.backends import Backends
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
 from tests.helpers import SECRET, make_settings, token
@@ -128,6 +130,22 @@ async def test_the_cap_drops_the_oldest_and_reads_page(backend_urls: Endpoints, 
             assert [m["body"] for m in first["messages"]] == [5, 6, 7, 8] and first["nextSince"] == 9
             rest = await b.call("mailbox.read", {"since": first["nextSince"], "limit": 100})
             assert [m["body"] for m in rest["messages"]] == [9, 10, 11, 12, 13, 14] and "nextSince" not in rest
+
+
+async def test_a_mailbox_lives_as_long_as_its_longest_message(daemon: Daemon, backends: Backends,
+                                                              namespace: str) -> None:
+    order, messages, acked = keys.mailbox_keys(namespace, "b")
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        await a.call("mailbox.send", {"to": "b", "body": 1, "ttl": 86400, "id": "long"})
+        await a.call("mailbox.send", {"to": "b", "body": 2, "ttl": 60, "id": "short"})  # must not shorten it
+        assert await b.call("mailbox.ack", {"messageIds": ["long"]}) == {"acked": 1}  # acked is made here
+    day = time.time() + 86400
+    for key in (order, messages, acked):
+        assert day <= await backends.redis.expiretime(key) <= day + 60 + 5  # kept at most a minute longer
+    await backends.redis.expire(messages, 100)
+    async with rpc(daemon.port, token("a", namespace)) as a:  # a send past the keep-until pushes it out
+        await a.call("mailbox.send", {"to": "b", "body": 3, "ttl": 2 * 86400, "id": "longer"})
+    assert await backends.redis.ttl(messages) > 2 * 86400 - 5
 
 
 @pytest.mark.parametrize(("params", "field"), [

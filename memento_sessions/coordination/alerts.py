@@ -13,7 +13,7 @@ from typing import Any
 
 from memento_sessions.auth import Identity
 from memento_sessions.coordination.leases import Leases
-from memento_sessions.coordination.mailbox import Mailbox
+from memento_sessions.coordination.mailbox import Encoded, Mailbox
 from memento_sessions.metrics import LEASE_CONFLICT_ALERTS
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
@@ -49,8 +49,8 @@ class Alerts:
             body = {**conflict, "sessionId": session_id, "seq": seq, "eventType": event.type, "by": who.agent_id}
             message = {"messageId": f"conflict:{session_id}:{seq}:{conflict['leaseId']}",
                        "from": who.agent_id, "to": conflict["heldBy"], "subject": "lease.conflict", "body": body}
-            if await self.mailbox.deliver(who.namespace, conflict["heldBy"], message,
-                                          self.mailbox.settings.mailbox_ttl, "lease.conflict"):
+            encoded = Encoded.of(message, self.mailbox.settings.mailbox_ttl)
+            if await self.mailbox.deliver(who.namespace, conflict["heldBy"], encoded, "lease.conflict"):
                 LEASE_CONFLICT_ALERTS.inc()
         record = EventIn(id=f"conflict-{seq}", type="conflict", data={"seq": seq, "conflicts": list(conflicts)})
         await self.manager.emit(who, session_id, record)

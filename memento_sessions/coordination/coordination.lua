@@ -168,34 +168,51 @@ local function reap(keys, args)
   return out
 end
 
--- Mailbox KEYS = {order (zset messageId -> per-agent seq), messages (hash messageId -> message JSON,
--- field '#' the agent's seq counter), acked (set of messageIds)}.
--- ARGV: message_id, message_json_tail (the JSON after its opening `{"seq":N,`), max, ttl_s, channel, method.
+-- Mailbox KEYS = {order (zset messageId -> per-agent seq), messages (hash messageId -> message JSON, field
+-- '#' the agent's seq counter, field '@' the unix second its keys are kept until), acked (set of messageIds)}.
+-- ARGV: message_id, message_json_tail (the JSON after its opening `{"seq":N,`), max, until (the unix second
+-- the message expires), channel, method.
 -- A new message is also PUBLISHed on the agent's channel as a `method` notification (store and push in one
--- call). Returns {seq, duplicate (0/1), dropped}.
-local function send(keys, args)
-  local prior = redis.call('ZSCORE', keys[1], args[1])
-  if prior then return {tonumber(prior), 1, 0} end
-  local seq = redis.call('HINCRBY', keys[2], '#', 1)
-  local message = '{"seq":' .. seq .. ',' .. args[2]
-  redis.call('HSET', keys[2], args[1], message)
-  redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. message .. '}')
-  redis.call('ZADD', keys[1], seq, args[1])
-  local dropped = 0
-  while redis.call('ZCARD', keys[1]) > tonumber(args[3]) do
-    local oldest = redis.call('ZPOPMIN', keys[1])
-    redis.call('HDEL', keys[2], oldest[1])
-    redis.call('SREM', keys[3], oldest[1])
-    dropped = dropped + 1
-  end
-  local ttl = tonumber(args[4])
+-- call). Returns {seq, duplicate (0/1), dropped}. The usual send is four commands: the dedupe, counter and
+-- keep-until reads in one HMGET, one HSET, the PUBLISH and the ZADD; the keys' expiry is pushed out only
+-- when a message outlives it, then SLACK further, so a busy mailbox re-arms it once a minute, not per send.
+local SLACK = 60
+
+local function keep_mailbox(keys, expires)
+  local kept = expires + SLACK
   for i = 1, 3 do
-    if redis.call('TTL', keys[i]) < ttl then redis.call('EXPIRE', keys[i], ttl) end
+    if redis.call('EXPIRETIME', keys[i]) < kept then redis.call('EXPIREAT', keys[i], kept) end -- never shortened
   end
+  return kept
+end
+
+local function trim(keys, max)
+  local excess = redis.call('ZCARD', keys[1]) - max
+  if excess <= 0 then return 0 end
+  local popped, ids = redis.call('ZPOPMIN', keys[1], excess), {}
+  for i = 1, #popped, 2 do table.insert(ids, popped[i]) end
+  redis.call('HDEL', keys[2], unpack(ids))
+  redis.call('SREM', keys[3], unpack(ids))
+  return #ids
+end
+
+local function send(keys, args)
+  local id, max, expires = args[1], tonumber(args[3]), tonumber(args[4])
+  local state = redis.call('HMGET', keys[2], id, '#', '@')
+  if state[1] then return {tonumber(string.match(state[1], '^{"seq":(%d+)')), 1, 0} end
+  local seq = tonumber(state[2] or '0') + 1
+  local message = '{"seq":' .. seq .. ',' .. args[2]
+  redis.call('HSET', keys[2], '#', seq, id, message)
+  redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. message .. '}')
+  redis.call('ZADD', keys[1], seq, id)
+  local dropped = 0
+  if seq > max then dropped = trim(keys, max) end -- at most seq messages were ever stored
+  if tonumber(state[3] or '0') < expires then redis.call('HSET', keys[2], '@', keep_mailbox(keys, expires)) end
   return {seq, 0, dropped}
 end
 
--- ARGV: message ids. Marks those still stored as read; returns how many.
+-- ARGV: message ids. Marks those still stored as read; returns how many. The acked set may be new (a trim
+-- can empty it): it gets the mailbox's keep-until expiry.
 local function ack(keys, args)
   local count = 0
   for _, id in ipairs(args) do
@@ -203,6 +220,10 @@ local function ack(keys, args)
       redis.call('SADD', keys[3], id)
       count = count + 1
     end
+  end
+  local kept = redis.call('HGET', keys[2], '@')
+  if count > 0 and kept and redis.call('EXPIRETIME', keys[3]) < tonumber(kept) then
+    redis.call('EXPIREAT', keys[3], kept)
   end
   return count
 end

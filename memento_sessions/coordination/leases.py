@@ -30,7 +30,6 @@ REAP_EVERY = 1.0  # seconds between two reaper passes of one daemon (each pass i
 STALE_RETRIES = 2  # grants refused for a changed graph before an acquire reads its own entities' contents
 
 
-
 def lease_view(raw: str) -> Result:
     """A stored lease as clients see it: `covers` lists what it holds through the graph."""
     lease = pydantic_core.from_json(raw)
@@ -165,10 +164,13 @@ class Leases:
                 log.info("orphaned leases released", namespace=str(namespace), count=len(out) - 1)
 
     async def reaper(self) -> None:
-        """Run reap_once forever; a Redis outage only delays it."""
+        """Run reap_once forever; a Redis outage only delays it, and a pass that fails otherwise (a bug, a key
+        of the wrong type) is logged with its traceback: the next pass runs, the daemon goes on."""
         while True:
             try:
                 await self.reap_once()
             except UNAVAILABLE as exc:
                 log.warning("lease reaper: Redis unavailable", error=repr(exc))
+            except Exception:
+                log.exception("lease reaper pass failed")
             await anyio.sleep(REAP_EVERY)

@@ -7,8 +7,9 @@ on the agent's channel, where every daemon serving one of its connections pushes
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pydantic_core
@@ -27,6 +28,22 @@ Result = dict[str, Any]
 MAX_RECIPIENTS = 1000  # agents one role or session send reaches at most
 STORED, DUPLICATES = MAILBOX_MESSAGES.labels("stored"), MAILBOX_MESSAGES.labels("duplicate")
 
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A message as mc_send stores it: its JSON after the `{` (the Function puts `"seq":N,` before it) and the
+    unix second it expires; encoded once however many mailboxes it goes to."""
+
+    message_id: str
+    tail: str
+    until: int
+
+    @classmethod
+    def of(cls, message: Result, ttl: int) -> Encoded:
+        """Stamp `message` (with its messageId) sent now, expiring after `ttl` seconds."""
+        now = now_ms()
+        full = {**message, "sentAt": iso(now), "expiresAt": iso(now + ttl * 1000)}
+        return cls(message["messageId"], pydantic_core.to_json(full).decode()[1:], now // 1000 + ttl)
 
 
 class AgentFeed:
@@ -88,23 +105,20 @@ class Mailbox:
     async def send(self, who: Identity, to: str, body: Any, subject: str | None = None, ttl: int | None = None,
                    message_id: str | None = None) -> Result:
         """Store the message in every recipient's mailbox and push it to those connected."""
-        message_id = message_id or f"msg-{uuid.uuid4().hex[:20]}"
+        message_id = message_id or f"msg-{os.urandom(10).hex()}"
         agents = await self.recipients(who, to)
         message = {"messageId": message_id, "from": who.agent_id, "to": to, "subject": subject, "body": body}
+        encoded = Encoded.of(message, ttl or self.settings.mailbox_ttl)  # the same JSON for every recipient
         for agent in agents:
-            await self.deliver(who.namespace, agent, message, ttl or self.settings.mailbox_ttl)
+            await self.deliver(who.namespace, agent, encoded)
         return {"messageId": message_id, "recipients": agents}
 
-    async def deliver(self, namespace: str, agent: str, message: Result, ttl: int,
-                      method: str = "mailbox.message") -> bool:
+    async def deliver(self, namespace: str, agent: str, message: Encoded, method: str = "mailbox.message") -> bool:
         """Store one message for one agent and push it as `method` (one Function call does both: no message is
         pushed that is not stored); False when that id was stored already."""
-        now = now_ms()
-        full = {**message, "sentAt": iso(now), "expiresAt": iso(now + ttl * 1000)}
-        tail = pydantic_core.to_json(full).decode()[1:]
         _, duplicate, dropped = await self.store.call(
-            "mc_send", keys.mailbox_keys(namespace, agent), message["messageId"], tail, self.settings.mailbox_max, ttl,
-            keys.agent_channel(namespace, agent), method)
+            "mc_send", keys.mailbox_keys(namespace, agent), message.message_id, message.tail, self.settings.mailbox_max,
+            message.until, keys.agent_channel(namespace, agent), method)
         (DUPLICATES if duplicate else STORED).inc()
         if dropped:
             MAILBOX_DROPPED.inc(int(dropped))
