@@ -277,6 +277,29 @@ def test_the_ingest_commands_fast_parser_and_encoder_give_the_same_events_as_the
     assert encoded.finish().as_dict() == slow.finish().as_dict()
 
 
+def test_the_ingest_command_cuts_lines_at_newlines_only_and_reads_bad_utf8_as_replacement_chars(
+        tmp_path: Path) -> None:
+    """`memento-sessions ingest` reads bytes: a raw U+2028 or NEL inside a JSON string (where str.splitlines cuts)
+    keeps its record whole; a byte that is not UTF-8 reads as U+FFFD, as when the file was decoded first."""
+    from memento_sessions.cli_ingest import encode_fast, parse_fast, read_input
+    from memento_sessions.ingest import LineReader
+
+    first = json.dumps(record("user", "u1", "one\u2028two\x85three"), ensure_ascii=False).encode()
+    broken = json.dumps(record("user", "u2", "raw BYTE")).encode().replace(b"BYTE", b"\xff")
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(first + b"\r\n\xc2\xa0\n" + broken + b"\n{\"trunc\n\n")
+    raw = read_input(str(path))
+    assert len(raw) == 6  # the record, a blank line (NBSP), the broken one, the truncated one, two empty
+    reader = LineReader("claude-code", parse=parse_fast, encode=encode_fast)
+    events = [json.loads(event) for line in raw for event in reader.feed_encoded(line)]
+    assert [event["data"]["block"]["content"] for event in events if event["type"] == "block:upsert"] == [
+        "one\u2028two\x85three", "raw \ufffd"]
+    assert reader.finish().as_dict() == {"records": 3, "events": 4, "capped": 0, "skipped": {"bad_json": 1}}
+    text = [line.decode("utf-8", "replace") for line in raw]
+    slow = LineReader("claude-code")
+    assert [event for line in text for event in slow.feed(line)] == events, "bytes or text: the same events"
+
+
 def test_unknown_fields_and_a_broken_record_never_stop_the_stream() -> None:
     stats = Stats()
     for _ in range(200):

@@ -152,7 +152,7 @@ def sha256_hex(text: str) -> str:
 
 def event_id(*parts: object) -> str:
     """An event id from the source record's own ids, valid for the daemon whatever the source sent."""
-    text = ":".join(str(part) for part in parts)
+    text = ":".join(map(str, parts))
     if _ID_OK.match(text):
         return text
     # Foreign characters or a long id: keep a readable prefix and make it unique with a hash of the whole.
@@ -181,7 +181,8 @@ def make_event(stats: Stats, eid: str, etype: str, data: dict[str, Any] | None =
     stamp = iso_time(timestamp)
     if stamp:
         event["timestamp"] = stamp
-    event.update({key: value for key, value in extra.items() if value is not None})
+    if extra:
+        event.update({key: value for key, value in extra.items() if value is not None})
     if data is not None:
         event["data"] = data
     return event

@@ -56,10 +56,10 @@ def detect(record: Any) -> str | None:
     return None
 
 
-def parse(line: str) -> tuple[bool, Any]:
-    """(True, value) for a line of JSON, (False, None) for a line that is not (truncated, garbage)."""
+def parse(line: str | bytes) -> tuple[bool, Any]:
+    """(True, value) for a line of JSON, (False, None) for a line that is not (truncated, garbage, not UTF-8)."""
     try:
-        return True, json.loads(line)
+        return True, json.loads(line.decode() if isinstance(line, bytes) else line)
     except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
         return False, None
 
@@ -74,12 +74,13 @@ def convert_lines(lines: Iterable[str | bytes], fmt: str = "auto", project_root:
 class LineReader:
     """JSON Lines converted one line at a time (a caller can send events while it reads the rest).
 
-    `parse` turns a line into (ok, value) and `encode` (see `Converter`) checks each event's data: the
-    standard library's by default; a caller may pass faster ones with the same contracts.
+    `parse` turns a line (str, or bytes of UTF-8 that it refuses when they are not) into (ok, value) and
+    `encode` (see `Converter`) checks each event's data: the standard library's by default; a caller may
+    pass faster ones with the same contracts.
     """
 
     def __init__(self, fmt: str = "auto", project_root: str | None = None,
-                 parse: Callable[[str], tuple[bool, Any]] = parse, encode: Encoder = strict_json) -> None:
+                 parse: Callable[[str | bytes], tuple[bool, Any]] = parse, encode: Encoder = strict_json) -> None:
         self.root, self.parse, self.encode = project_root, parse, encode
         self.outer = Stats()  # lines no converter saw: bad JSON, records before the format was known
         self.active = None if fmt == "auto" else self.start(fmt)
@@ -106,14 +107,11 @@ class LineReader:
     def _ready(self, line: str | bytes) -> list[Any]:
         """The records the active converter may take now: this line's, with those read before the format
         became known; none for a blank or bad line, or while the format is unknown."""
-        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
-        if not text.strip():
-            return []
-        ok, record = self.parse(text)
+        ok, record = self.parse(line)  # bytes parsed as they are: decoding each line first costs as much
         if not ok:
-            self.outer.records += 1
-            self.outer.skip("bad_json")
-            return []
+            ok, record = self._reread(line)
+            if not ok:
+                return []
         if self.active is not None:
             return [record]
         self.pending.append(record)
@@ -123,6 +121,18 @@ class LineReader:
         self.active = self.start(found)
         ready, self.pending = self.pending, []
         return ready
+
+    def _reread(self, line: str | bytes) -> tuple[bool, Any]:
+        """A line the parser refused, read as text: nothing for a blank one, the record of one whose bytes
+        were not all UTF-8 (each bad byte read as U+FFFD), else a line counted as `bad_json`."""
+        text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
+        if not text.strip():
+            return False, None
+        ok, record = self.parse(text) if isinstance(line, bytes) else (False, None)
+        if not ok:
+            self.outer.records += 1
+            self.outer.skip("bad_json")
+        return ok, record
 
     def finish(self) -> Stats:
         """The counts of the whole input; records whose format nothing told are skipped as unknown_format."""
