@@ -192,9 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     given = sys.argv[1:] if argv is None else list(argv)
     if given[:1] == ["hook"] and not {"-h", "--help"} & set(given):  # the hook's lean path: see cli_hook.py
-        from memento_sessions.cli_hook import run_hook
+        from memento_sessions.cli_hook import leave, run_hook
 
-        return run_hook(given[1:])
+        code = run_hook(given[1:])
+        if argv is None:  # the console script's process: done, without the interpreter's teardown
+            leave(code)
+        return code
     from memento_sessions.errors import ConfigError, DataDirLocked, MementoError
 
     try:

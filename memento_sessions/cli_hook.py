@@ -22,15 +22,16 @@ import json
 import os
 import sys
 import time
-from contextlib import contextmanager
-from pathlib import Path
 
-# Not even typing, argparse or datetime at import (mypy takes any name TYPE_CHECKING as true).
+# Not even typing, argparse, datetime, pathlib or contextlib at import: paths are plain strings, the lock a
+# small class (with an editable install whose finder imports pathlib anyway, only a lighter install shows the
+# gain). mypy takes any name TYPE_CHECKING as true.
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # imported when delivering: a hook that only spools does without the socket modules
     import argparse
     from collections.abc import Iterator
-    from typing import Any, BinaryIO
+    from types import TracebackType
+    from typing import Any, BinaryIO, NoReturn
 
     from memento_sessions.cli_wire import RpcFailure, Wire
 
@@ -59,8 +60,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                       "without a time budget (exit 1 when something is left)")
 
 
-def spool_dir() -> Path:
-    return Path(os.environ.get("MEMENTO_DATA_DIR") or ".memento") / "hook-spool"
+def spool_dir() -> str:
+    return os.path.join(os.environ.get("MEMENTO_DATA_DIR") or ".memento", "hook-spool")
 
 
 def now_iso() -> str:
@@ -69,24 +70,38 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 1_000_000)) + f".{now % 1_000_000:06d}Z"
 
 
-@contextmanager
-def locked(path: Path, flags: int, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
-    """The file descriptor of `path` opened with `flags`, held under flock `mode`."""
-    fd = os.open(path, flags, 0o600)
-    try:
-        fcntl.flock(fd, mode)
-        yield fd
-    finally:
-        os.close(fd)  # closing releases the lock
+class Locked:
+    """The file descriptor of `path` opened with `flags`, held under flock `mode` (a class, not a
+    contextlib.contextmanager: contextlib is an import the hook can do without)."""
+
+    def __init__(self, path: str, flags: int, mode: int = fcntl.LOCK_EX) -> None:
+        self.fd = os.open(path, flags, 0o600)
+        try:
+            fcntl.flock(self.fd, mode)
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def __enter__(self) -> int:
+        return self.fd
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        os.close(self.fd)  # closing releases the lock
 
 
-def spool(record: Any, folder: Path) -> None:
+def spool(record: Any, folder: str) -> None:
     """Append one input with when it was read and the project root; one write under the lock."""
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
     root = os.environ.get("CLAUDE_PROJECT_DIR") or (record.get("cwd") if isinstance(record, dict) else None)
     line = json.dumps({"at": now_iso(), "root": root, "input": record}, separators=(",", ":"), ensure_ascii=False)
-    with locked(folder / "spool.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
+    with Locked(os.path.join(folder, "spool.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
         os.write(fd, (line + "\n").encode())
+
+
+def read_text(path: str) -> str:
+    with open(path, encoding="utf-8") as file:
+        return file.read()
 
 
 def daemon_url() -> str | None:
@@ -94,30 +109,31 @@ def daemon_url() -> str | None:
     if os.environ.get("MEMENTO_URL"):
         return os.environ["MEMENTO_URL"]
     try:
-        port = json.loads((spool_dir().parent / "runtime.json").read_text())["port"]
+        port = json.loads(read_text(os.path.join(os.path.dirname(spool_dir()), "runtime.json")))["port"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return f"ws://127.0.0.1:{port}/ws"
 
 
-def read_offset(folder: Path) -> int:
+def read_offset(folder: str) -> int:
     try:
-        return int((folder / "spool.offset").read_text() or 0)
+        return int(read_text(os.path.join(folder, "spool.offset")) or 0)
     except (OSError, ValueError):
         return 0
 
 
-def write_offset(folder: Path, offset: int) -> None:
+def write_offset(folder: str, offset: int) -> None:
     """Commit the delivered offset atomically (a crash leaves the old or the new one, never half)."""
-    tmp = folder / "spool.offset.tmp"
-    tmp.write_text(str(offset))
-    tmp.replace(folder / "spool.offset")
+    tmp = os.path.join(folder, "spool.offset.tmp")
+    with open(tmp, "w", encoding="utf-8") as file:
+        file.write(str(offset))
+    os.replace(tmp, os.path.join(folder, "spool.offset"))
 
 
-def pending(folder: Path, offset: int) -> list[tuple[int, dict[str, Any]]]:
+def pending(folder: str, offset: int) -> list[tuple[int, dict[str, Any]]]:
     """(end offset, spooled entry) of every whole line after `offset`; a torn last line waits."""
     out: list[tuple[int, dict[str, Any]]] = []
-    with locked(folder / "spool.jsonl", os.O_RDONLY | os.O_CREAT, fcntl.LOCK_SH) as fd, \
+    with Locked(os.path.join(folder, "spool.jsonl"), os.O_RDONLY | os.O_CREAT, fcntl.LOCK_SH) as fd, \
             os.fdopen(os.dup(fd), "rb") as spooled:
         spooled.seek(offset)
         for line in _lines(spooled):
@@ -169,7 +185,7 @@ def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
             wire.call("event.emitBatch", batch)
 
 
-def deliver(folder: Path, deadline: float) -> bool:
+def deliver(folder: str, deadline: float) -> bool:
     """Send the spooled inputs in order until done or the deadline; True when nothing is left."""
     token, url = os.environ.get("MEMENTO_TOKEN"), daemon_url()
     if not token or not url:
@@ -177,13 +193,13 @@ def deliver(folder: Path, deadline: float) -> bool:
     from memento_sessions.cli_wire import Wire, WireError
 
     try:
-        with locked(folder / "deliver.lock", os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
+        with Locked(os.path.join(folder, "deliver.lock"), os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
             return _deliver(folder, Wire(url, token, deadline))
     except (BlockingIOError, WireError):  # another hook is delivering, or the daemon is away
         return False
 
 
-def _deliver(folder: Path, wire: Wire) -> bool:
+def _deliver(folder: str, wire: Wire) -> bool:
     from memento_sessions.cli_wire import RpcFailure
 
     try:
@@ -204,16 +220,16 @@ def _deliver(folder: Path, wire: Wire) -> bool:
         wire.close()
 
 
-def reject(folder: Path, entry: dict[str, Any], exc: RpcFailure) -> None:
+def reject(folder: str, entry: dict[str, Any], exc: RpcFailure) -> None:
     """Keep an input the daemon refuses as invalid in rejected.jsonl, with the reason."""
     line = json.dumps({"error": str(exc), "data": exc.data, **entry}, ensure_ascii=False, default=str)
-    with locked(folder / "rejected.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
+    with Locked(os.path.join(folder, "rejected.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
         os.write(fd, (line + "\n").encode())
 
 
-def compact(folder: Path) -> None:
+def compact(folder: str) -> None:
     """Empty the spool once everything in it is delivered (checked under its lock: no append is lost)."""
-    with locked(folder / "spool.jsonl", os.O_WRONLY | os.O_CREAT) as fd:
+    with Locked(os.path.join(folder, "spool.jsonl"), os.O_WRONLY | os.O_CREAT) as fd:
         if os.fstat(fd).st_size == read_offset(folder):
             os.ftruncate(fd, 0)
             write_offset(folder, 0)
@@ -235,3 +251,16 @@ def run_hook(argv: list[str]) -> int:
     except Exception:  # a hook must never fail the agent's tool call, nor print to it
         return 0
     return 0 if done or not flush else 1
+
+
+def leave(code: int) -> NoReturn:
+    """End the process now, skipping the interpreter's teardown (clearing every module, a last garbage
+    collection): 7-10 ms of CPU measured on the hook's process, a fifth of what it costs beyond the bare
+    interpreter. Nothing is lost: the hook has closed every file and the socket, registers no atexit
+    handler, and prints nothing (stdout and stderr are flushed all the same)."""
+    try:  # not contextlib.suppress: contextlib is an import the hook does without
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):  # no stream, or a closed or broken one: nothing to flush to
+        pass
+    os._exit(code)

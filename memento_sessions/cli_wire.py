@@ -4,19 +4,25 @@
 the interpreter's start; the async client and the websockets library take longer than that just to
 import. This speaks the little of RFC 6455 the hook needs (client handshake, masked text frames out,
 text/ping/close in) with a deadline on every read and write.
+
+It keeps below even the standard library's conveniences, each measured on the hook's path: the C module
+`_socket` rather than `socket` (whose import turns hundreds of constants into enums: ~7 ms of CPU), the
+host given to getaddrinfo as bytes (a str goes through the `idna` codec, which imports stringprep and
+unicodedata: ~2.5 ms), binascii and int.to_bytes rather than base64 and struct, a few lines of URL
+parsing rather than urllib.parse (which pulls ipaddress), and no typing or contextlib at run time.
 """
 
 from __future__ import annotations
 
-import base64
+import _socket
+import binascii
 import json
 import os
-import socket
-import struct
 import time
-from contextlib import suppress
-from typing import Any
-from urllib.parse import quote, urlsplit
+
+TYPE_CHECKING = False  # not `typing`: see above (mypy takes any name TYPE_CHECKING as true)
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_MESSAGE = 16 * 1024 * 1024  # a reply larger than this is not one the hook asked for
 
@@ -34,6 +40,50 @@ class RpcFailure(Exception):
         self.data = error.get("data")
 
 
+def split_url(url: str) -> tuple[bool, str, int, str]:
+    """(wss?, host, port, path) of a ws:// or wss:// URL; its query and fragment are dropped."""
+    scheme, _, rest = url.partition("://")
+    secure = scheme.lower() == "wss"
+    netloc, slash, path = rest.partition("/")
+    netloc = netloc.rpartition("@")[2]
+    if netloc.startswith("["):  # an IPv6 literal: [::1]:8080
+        host, _, port = netloc[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = netloc.partition(":")
+    try:
+        number = int(port) if port else (443 if secure else 80)
+    except ValueError:
+        raise WireError(f"bad port in {url}") from None
+    path = path.partition("?")[0].partition("#")[0]
+    return secure, host or "127.0.0.1", number, "/" + path if slash else "/ws"
+
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~/")
+
+
+def quote(text: str) -> str:
+    """Percent-encoded for a query string (as urllib.parse.quote; a token is ASCII already)."""
+    return "".join(chr(byte) if byte in _UNRESERVED else f"%{byte:02X}" for byte in text.encode())
+
+
+def connect(host: str, port: int, timeout: float) -> _socket.socket:
+    """A TCP connection to the first of the host's addresses that accepts one (as socket.create_connection)."""
+    name = host.encode() if host.isascii() else host.encode("idna")
+    failure = OSError(f"no address for {host}")
+    for family, kind, proto, _, address in _socket.getaddrinfo(name, port, 0, _socket.SOCK_STREAM):
+        sock = _socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        return sock
+    raise failure
+
+
 class Wire:
     """One connection; `call` sends a request and returns its result, skipping notifications."""
 
@@ -41,16 +91,16 @@ class Wire:
         self.deadline = deadline
         self.next_id = 0
         self.buffer = b""
-        parts = urlsplit(url)
-        secure = parts.scheme == "wss"
-        host, port = parts.hostname or "127.0.0.1", parts.port or (443 if secure else 80)
+        secure, host, port, path = split_url(url)
         try:
-            self.sock = socket.create_connection((host, port), timeout=self.remaining())
+            self.sock = connect(host, port, self.remaining())
             if secure:
-                import ssl  # only for wss: its import is not free
+                import socket  # only for wss: ssl wraps a socket.socket, and its import is not free either
+                import ssl
 
-                self.sock = ssl.create_default_context().wrap_socket(self.sock, server_hostname=host)
-            self.handshake(host, port, parts.path or "/ws", token)
+                plain = socket.socket(fileno=self.sock.detach())
+                self.sock = ssl.create_default_context().wrap_socket(plain, server_hostname=host)
+            self.handshake(host, port, path, token)
         except OSError as exc:
             raise WireError(str(exc)) from None
 
@@ -61,7 +111,7 @@ class Wire:
         return left
 
     def handshake(self, host: str, port: int, path: str, token: str) -> None:
-        key = base64.b64encode(os.urandom(16)).decode()
+        key = binascii.b2a_base64(os.urandom(16), newline=False).decode()
         request = (f"GET {path}?token={quote(token)} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
         self.sock.sendall(request.encode())
@@ -92,9 +142,9 @@ class Wire:
         if size < 126:
             head += bytes([0x80 | size])
         elif size < 65536:
-            head += bytes([0x80 | 126]) + struct.pack("!H", size)
+            head += bytes([0x80 | 126]) + size.to_bytes(2, "big")
         else:
-            head += bytes([0x80 | 127]) + struct.pack("!Q", size)
+            head += bytes([0x80 | 127]) + size.to_bytes(8, "big")
         mask = os.urandom(4)
         # XOR as one big integer: far faster than a Python loop over the bytes.
         stream = (mask * (size // 4 + 1))[:size]
@@ -109,9 +159,9 @@ class Wire:
             first, second = self.take(2)
             size = second & 0x7F
             if size == 126:
-                size = struct.unpack("!H", self.take(2))[0]
+                size = int.from_bytes(self.take(2), "big")
             elif size == 127:
-                size = struct.unpack("!Q", self.take(8))[0]
+                size = int.from_bytes(self.take(8), "big")
             if size > MAX_MESSAGE:
                 raise WireError("message too large")
             payload = self.take(size)
@@ -143,6 +193,8 @@ class Wire:
 
     def close(self) -> None:
         """Send a close frame and drop the socket; errors do not matter any more."""
-        with suppress(OSError, WireError):
-            self.send(0x8, struct.pack("!H", 1000))
+        try:  # noqa: SIM105 - contextlib.suppress would import contextlib
+            self.send(0x8, (1000).to_bytes(2, "big"))
+        except (OSError, WireError):
+            pass
         self.sock.close()

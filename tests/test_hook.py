@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote as urllib_quote
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
 
+from memento_sessions.cli_wire import Wire, WireError, quote, split_url
 from memento_sessions.client import Client
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
@@ -100,18 +105,23 @@ async def test_bad_input_or_no_token_is_silent_and_exit_0(tmp_path: Path, namesp
     done = await anyio.to_thread.run_sync(run_hook, no_token, hook_input("claude-2", 0))
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
     assert len((tmp_path / "hook-spool" / "spool.jsonl").read_text().splitlines()) == 1  # only the input
+    # --flush with the daemon down: the input is still there, and the exit code says so (the console script
+    # ends with os._exit, which must carry the code).
+    done = await anyio.to_thread.run_sync(run_hook, env, None, "--flush")
+    assert (done.returncode, done.stdout, done.stderr) == (1, b"", b"")
 
 
 def test_the_hook_imports_nothing_heavy(tmp_path: Path, namespace: str) -> None:
     """What makes the hook fast is what it does not import: no pydantic (settings), anyio, websockets, JWT,
-    structlog, the async client, argparse, dataclasses (inspect), datetime or hashlib (OpenSSL) for an edit;
-    while spooling, not even typing, the converters or the socket modules."""
+    structlog, the async client, argparse, dataclasses (inspect), datetime or hashlib (OpenSSL) for an edit,
+    nor the socket module (its enums), the idna codec (getaddrinfo with a str host), base64 or struct;
+    while spooling, not even typing, the converters or `_socket`."""
     heavy = {"pydantic", "pydantic_settings", "anyio", "websockets", "jwt", "structlog", "redis", "argparse",
              "dataclasses", "datetime", "hashlib", "memento_sessions.settings", "memento_sessions.client",
-             "memento_sessions.auth"}
+             "memento_sessions.auth", "socket", "encodings.idna", "base64", "struct"}
     env = {**hook_env(tmp_path, namespace, free_port()), "PYTHONPROFILEIMPORTTIME": "1"}
     spooling = {key: value for key, value in env.items() if key != "MEMENTO_URL"}  # no daemon known: spool only
-    only_spooling = heavy | {"memento_sessions.ingest.claude_hooks", "socket", "typing"}
+    only_spooling = heavy | {"memento_sessions.ingest.claude_hooks", "_socket", "typing"}
     for variables, lean in ((env, heavy), (spooling, only_spooling)):
         done = run_hook(variables, hook_input("claude-3", 0))
         imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
@@ -135,3 +145,42 @@ def test_the_hook_process_costs_little_beyond_the_interpreter(tmp_path: Path, na
     # The bench measures the p99 against 100 ms; here, on a machine shared with other test runs, only that
     # the hook adds little to the interpreter's own start (it took ~20 ms on a quiet machine).
     assert hook - bare < 0.1, (hook, bare)
+
+
+def test_the_wire_reads_a_url_and_quotes_a_token_as_urllib_does() -> None:
+    """cli_wire parses MEMENTO_URL and quotes the token itself (urllib.parse pulls ipaddress into the hook):
+    the same host, port and path as urlsplit, the same text as quote."""
+    for url in ("ws://127.0.0.1:8765/ws", "wss://memento.example.com/ws", "ws://[::1]:9000/x/ws?a=1#f",
+                "ws://user:pw@host:81", "WSS://Host.example/", "ws://localhost:1"):
+        parts = urlsplit(url)
+        expected = (parts.scheme == "wss", parts.hostname or "127.0.0.1",
+                    parts.port or (443 if parts.scheme == "wss" else 80), parts.path or "/ws")
+        secure, host, port, path = split_url(url)
+        assert (secure, host.lower(), port, path) == expected, url
+    with pytest.raises(WireError):  # a bad port is the daemon not reachable: the input stays spooled
+        split_url("ws://127.0.0.1:notaport/ws")
+    for text in ("eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJjIn0.c2ln-_", "a b+c/d?e=f&g%h", "é∂"):
+        assert quote(text) == urllib_quote(text)
+
+
+def test_a_wss_url_speaks_tls() -> None:
+    """wss:// wraps the `_socket` connection in TLS: what reaches the server is a TLS ClientHello (a
+    handshake record, 0x16 0x03), and a server that closes makes a WireError, not another exception."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        failure: list[BaseException] = []
+
+        def client() -> None:
+            try:
+                Wire(f"wss://127.0.0.1:{port}/ws", "token", time.monotonic() + 5)
+            except BaseException as exc:  # checked below, whatever it is
+                failure.append(exc)
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        conn, _ = server.accept()
+        with conn:
+            first = conn.recv(3)
+        thread.join(10)
+    assert first[:2] == b"\x16\x03"
+    assert len(failure) == 1 and isinstance(failure[0], WireError)

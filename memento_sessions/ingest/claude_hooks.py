@@ -13,7 +13,6 @@ from typing import Any
 
 from memento_sessions.ingest import blocks
 from memento_sessions.ingest.events import Converter, Event, Stats, cut, digest, event_id, make_event
-from memento_sessions.ingest.signals import SHELL_TOOLS, edit_event, exit_code_of, outcome_event
 
 _META = {"SessionStart": ("source", "model"), "SessionEnd": ("reason",),
          "PreCompact": ("trigger", "custom_instructions"), "Notification": ("message", "notification_type", "title")}
@@ -69,7 +68,11 @@ class ClaudeHooks(Converter):
 
     def signals(self, tool: str, tool_id: str, tool_input: Any, response: Any, failed: bool,
                 record: dict[str, Any]) -> list[Event]:
-        """The coding signals and subagent end of a finished tool."""
+        """The coding signals and subagent end of a finished tool (the signals' module, which compiles its
+        command patterns at import, is imported here: `memento-sessions hook` converts one input per process,
+        and only a finished tool needs it)."""
+        from memento_sessions.ingest.signals import SHELL_TOOLS, edit_event, exit_code_of, outcome_event
+
         extra = response if isinstance(response, dict) else {}
         if tool in blocks.TASK_TOOLS:
             data = {"subagentId": tool_id, "agentId": extra.get("agentId"),
