@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import gc
+import itertools
 import json
 import os
 import socket
@@ -290,3 +291,44 @@ async def test_a_client_that_hangs_up_before_its_replies_logs_no_traceback(daemo
     await wait_until(lambda: not gateway.connections)
     await anyio.sleep(0.2)
     assert [r for r in caplog.records if r.exc_info or "Exception in ASGI" in r.getMessage()] == []
+
+
+async def server_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """The next (unmasked, short) frame from the server: its opcode and payload."""
+    head = await reader.readexactly(2)
+    assert head[1] < 126, head
+    return head[0] & 0x0F, await reader.readexactly(head[1])
+
+
+def pong(payload: bytes) -> bytes:
+    """A client's (masked) pong frame echoing `payload`."""
+    mask = os.urandom(4)
+    return bytes((0x8A, 0x80 | len(payload))) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def test_keepalive_pings_each_peer_every_interval_and_closes_one_that_stops_answering(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    """One task pings every connection (server/keepalive.py): a peer that answers stays, pinged about once an
+    interval; one that stops answering is closed with 1011 within 2 intervals and 2 passes of its last pong."""
+    interval = 0.5
+    async with running(make_settings(backend_urls, tmp_path, ws_ping_interval=interval)) as daemon:
+        reader, writer = await raw_client(daemon.port, token("pinged", namespace), rcvbuf=65536)
+        pings: list[float] = []
+        with anyio.move_on_after(3.2 * interval * 2):
+            while True:
+                opcode, payload = await server_frame(reader)
+                assert opcode == 0x9, (opcode, payload)
+                pings.append(anyio.current_time())
+                writer.write(pong(payload))
+        gaps = [b - a for a, b in itertools.pairwise(pings)]
+        assert len(pings) >= 4 and all(interval * 0.9 < gap < interval * 2 for gap in gaps), gaps
+        stopped = anyio.current_time()  # from now on its pings go unanswered
+        with anyio.fail_after(5):
+            while (frame := await server_frame(reader))[0] == 0x9:
+                pass
+        assert frame[0] == 0x8 and struct.unpack("!H", frame[1][:2])[0] == 1011, frame
+        assert anyio.current_time() - stopped < 2 * interval + 2 * interval / 4 + 0.5
+        gateway = daemon.gateway
+        assert gateway is not None
+        await wait_until(lambda: not gateway.connections)
+        writer.close()

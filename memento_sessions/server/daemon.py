@@ -180,6 +180,7 @@ class Daemon:
     async def _run_http(self, tg: TaskGroup, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
         from memento_sessions.server.app import build_app
         from memento_sessions.server.handshake import handshake_protocol
+        from memento_sessions.server.keepalive import keep_alive
 
         assert self.gateway is not None and self.services is not None
         sock = self._sock
@@ -188,7 +189,7 @@ class Daemon:
         app = build_app(self.gateway, self.health, self.services.mcp_app)
         config = uvicorn.Config(
             app, lifespan="off", log_config=None, ws="websockets-sansio", ws_max_size=MAX_FRAME,
-            ws_ping_interval=self.settings.ws_ping_interval, ws_ping_timeout=self.settings.ws_ping_interval,
+            ws_ping_interval=None, ws_ping_timeout=None,  # one task pings them all (server/keepalive.py)
             ws_per_message_deflate=False,
             timeout_graceful_shutdown=3, access_log=False,
             http=handshake_protocol(self.settings.handshake_timeout),
@@ -197,6 +198,7 @@ class Daemon:
         if self.servers:
             write_runtime(self.settings, endpoints, self.port)
         tg.start_soon(self._started, task_status)
+        tg.start_soon(keep_alive, self._server.server_state.connections, self.settings.ws_ping_interval)
         settle_gc()
         log.info("listening", host=self.settings.host, port=self.port)
         await self._server.serve(sockets=[sock])
