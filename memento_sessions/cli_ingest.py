@@ -17,9 +17,9 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -28,7 +28,7 @@ import pydantic_core
 
 from memento_sessions.client import Client
 from memento_sessions.client.wire import MAX_FRAME
-from memento_sessions.errors import Conflict, NotFound, RpcError
+from memento_sessions.errors import Conflict, RpcError
 from memento_sessions.ingest import FORMATS, LineReader
 
 if TYPE_CHECKING:
@@ -205,20 +205,29 @@ class Sender:
         self.sent = 0
 
     async def run(self, batches: Iterator[list[bytes]]) -> None:
-        """Send every batch; the first alone (it creates the session when missing), the rest pipelined."""
+        """Send every batch pipelined, once the session exists (an input without events creates none).
+
+        The session is created up front rather than on a first batch's NotFound: a refused batch of 500
+        events costs the daemon nearly what storing it does, and a first batch sent alone left the daemon
+        idle while this process converted the second.
+        """
         first = next(batches, None)
         if first is None:
             return
-        try:
-            await self.emit(first)
-        except NotFound:
-            with suppress(Conflict):  # created meanwhile by someone else
-                await self.client.call("session.create", {"sessionId": self.session_id})
-            await self.emit(first)
+        await self.create()
         async with anyio.create_task_group() as tg:
-            for batch in batches:
+            for batch in chain([first], batches):
                 await self.window.acquire()
                 tg.start_soon(self.pipelined, batch)
+
+    async def create(self) -> None:
+        """The session, unless it exists (a re-ingest, an earlier input, someone else); a full namespace fails
+        the input."""
+        try:
+            await self.client.call("session.create", {"sessionId": self.session_id})
+        except Conflict as exc:
+            if isinstance(exc.data, dict) and exc.data.get("reason"):  # a bound (namespace_full), not "exists"
+                raise
 
     async def pipelined(self, batch: list[bytes]) -> None:
         try:

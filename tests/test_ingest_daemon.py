@@ -15,6 +15,7 @@ import pytest
 from memento_sessions.client import Client
 from memento_sessions.client.conversation import LiveConversation, load_conversation
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.errors import NotFound
 from memento_sessions.server.daemon import Daemon, running
 from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
@@ -229,6 +230,23 @@ async def test_directories_and_globs_each_file_into_its_own_session(daemon: Daem
     assert code == 1 and "failed: " in out and "missing.jsonl" in out
     async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
         assert [(await client.get(sid))["session"]["seq"] for sid in ("run-a", "run-b")] == [5, 5]
+
+
+async def test_an_input_without_events_creates_no_session_and_a_second_input_joins_the_first(
+        daemon: Daemon, namespace: str, tmp_path: Path) -> None:
+    """The session is created before the first batch (not on its NotFound), only when there is one."""
+    quiet = tmp_path / "quiet.jsonl"
+    quiet.write_text(json.dumps({"type": "file-history-snapshot", "messageId": "m1", "snapshot": {}}) + "\n")
+    work = tmp_path / "work.jsonl"
+    work.write_text("\n".join(json.dumps(rec) for rec in pytest_transcript()[:3]) + "\n")
+    code, out, _ = await ingest(daemon, namespace, str(quiet), "--session", "nothing-here")
+    assert code == 0 and "1 records read, 0 events written" in out
+    code, out, _ = await ingest(daemon, namespace, str(work), str(quiet), str(work), "--session", "joined")
+    assert code == 0 and "7 records read, 5 events written, 5 already there" in out, out
+    async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
+        with pytest.raises(NotFound):
+            await client.get("nothing-here")
+        assert (await client.get("joined"))["session"]["seq"] == 5
 
 
 def test_the_progress_bar_on_a_terminal_counts_inputs_and_events() -> None:
