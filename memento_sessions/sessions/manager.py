@@ -25,7 +25,7 @@ from memento_sessions.redisio.pipe import Pipe
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.conversation import ConversationFold
-from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EventIn
+from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EncodedData, EventIn
 from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_of
 from memento_sessions.sessions.snapshot_store import snapshot_at
 from memento_sessions.sessions.store import FunctionStore
@@ -67,7 +67,7 @@ def json_text(value: str) -> str:
     return pydantic_core.to_json(value).decode()
 
 
-_NOT_IN_REST = {"type", "actor"}
+_NOT_IN_REST = {"type", "actor", "data", "fencingToken"}
 _dump_json = EventIn.__pydantic_serializer__.to_json  # model_dump_json's own serializer, without its wrapper
 
 
@@ -82,12 +82,21 @@ def event_body(event: EventIn, actor: str, session_json: str, now: str) -> str:
 
     Its keys: type, actor, sessionId (`session_json`, already a JSON string), the event's other fields
     in model order, and the server's `timestamp` last when the client sent none. The type is quoted as it
-    is: its pattern (EventType) allows nothing JSON escapes.
+    is: its pattern (EventType) allows nothing JSON escapes. `data`, the bulk of most events, is the
+    encoding its validation made (EncodedData), not encoded a second time.
     """
-    rest = _dump_json(event, by_alias=True, exclude_none=True, exclude=_NOT_IN_REST)[1:-1].decode()
-    stamp = "" if event.timestamp else f',"timestamp":"{now}"'
-    text = (f'"type":"{event.type}","actor":{_quoted(actor)},"sessionId":{session_json}'
-            f'{"," if rest else ""}{rest}{stamp}}}')
+    parts = [f'"type":"{event.type}","actor":{_quoted(actor)},"sessionId":{session_json}']
+    rest = _dump_json(event, by_alias=True, exclude_none=True, exclude=_NOT_IN_REST)
+    if len(rest) > 2:
+        parts.append(rest[1:-1].decode())
+    if event.data is not None:
+        data = event.data.encoded if isinstance(event.data, EncodedData) else pydantic_core.to_json(event.data)
+        parts.append('"data":' + data.decode())
+    if event.fencingToken is not None:
+        parts.append(f'"fencingToken":{event.fencingToken}')
+    if not event.timestamp:
+        parts.append(f'"timestamp":"{now}"')
+    text = ",".join(parts) + "}"
     if len(text) + 25 > MAX_EVENT_BYTES:
         raise InvalidParams("event too large", [{"field": "event", "message": f"{len(text) + 1} bytes encoded; "
                                                  f"at most {MAX_EVENT_BYTES}"}])
@@ -341,9 +350,9 @@ class SessionManager:
         return done
 
     def _notify(self, namespace: str, session_id: str, done: list[Emitted]) -> None:
-        for item in done:
-            if not item.duplicate:
-                events_counter(item.event.type).inc()
+        stored = [item.event.type for item in done if not item.duplicate]
+        for kind in set(stored):  # one increment per type, not per event: a batch holds few types
+            events_counter(kind).inc(stored.count(kind))
         for listener in self.listeners:
             listener(namespace, session_id, done)
 

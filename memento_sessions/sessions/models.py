@@ -11,7 +11,14 @@ from typing import Annotated, Any, Literal
 import pydantic_core
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from memento_sessions.sessions.storable import MAX_MAGNITUDE, check_id, check_number, check_text, value_problem
+from memento_sessions.sessions.storable import (
+    MAX_MAGNITUDE,
+    check_id,
+    check_number,
+    check_text,
+    surely_storable,
+    value_problem,
+)
 
 ClientId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
 EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(check_id)]
@@ -57,6 +64,18 @@ class Impact(Strict):
     externalRef: ShortText | None = None
 
 
+class EncodedData(dict[str, Any]):
+    """An event's `data` as validated, with its JSON: encoded once to check its size, that encoding is what
+    the stored event carries (sessions/manager.py event_body). Nothing changes a validated event's data in
+    place; a new value assigned is a plain dict, encoded again."""
+
+    __slots__ = ("encoded",)
+
+    def __init__(self, value: dict[str, Any], encoded: bytes) -> None:
+        super().__init__(value)
+        self.encoded = encoded
+
+
 class EventIn(Strict):
     """An event as a client sends it."""
 
@@ -74,16 +93,17 @@ class EventIn(Strict):
 
     @field_validator("data")
     @classmethod
-    def _data_size(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    def _data_size(cls, value: dict[str, Any] | None) -> EncodedData | None:
         if value is None:
             return None
-        # Checked before encoding: NaN would encode as the non-JSON `NaN` and poison every later reader.
-        problem = value_problem(value, "data")
+        # NaN would poison every later reader: encoded as the word, not silently as null, until refused.
+        encoded = pydantic_core.to_json(value, inf_nan_mode="constants")
+        problem = None if surely_storable(value, encoded) else value_problem(value, "data")
         if problem:
             raise ValueError(problem)
-        if len(pydantic_core.to_json(value)) > MAX_DATA_BYTES:
+        if len(encoded) > MAX_DATA_BYTES:
             raise ValueError(f"data is larger than {MAX_DATA_BYTES} bytes encoded")
-        return value
+        return EncodedData(value, encoded)
 
     def new_state(self) -> str:
         """The session state this event sets ('' when it sets none)."""
