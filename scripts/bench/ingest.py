@@ -103,19 +103,26 @@ async def bare_batches(env: Env, events: list[dict[str, Any]]) -> float:
     return time.perf_counter() - start
 
 
-def walls(command: list[str], env: dict[str, str], inputs: list[bytes]) -> tuple[list[float], list[float]]:
-    """Wall seconds and CPU seconds (user + system) of one process per input."""
-    out, cpu = [], []
-    for data in inputs:
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        done = subprocess.run(command, input=data, env=env, capture_output=True, check=False)
-        out.append(time.perf_counter() - start)
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        if done.returncode != 0 or done.stdout or done.stderr:
-            raise RuntimeError(f"{command} exited {done.returncode}: {done.stdout!r} {done.stderr!r}")
-    return out, cpu
+Run = tuple[list[str], dict[str, str], list[bytes]]  # a command, its environment, one stdin per process
+
+
+def walls(runs: dict[str, Run]) -> dict[str, tuple[list[float], list[float]]]:
+    """Wall seconds and CPU seconds (user + system) of one process per input, for each run; the runs take
+    turns, one process each, so that a load coming and going on a shared machine weighs on all alike."""
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in runs}
+    for turn in range(max(len(inputs) for _, _, inputs in runs.values())):
+        for name, (command, env, inputs) in runs.items():
+            if turn >= len(inputs):
+                continue
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            done = subprocess.run(command, input=inputs[turn], env=env, capture_output=True, check=False)
+            out[name][0].append(time.perf_counter() - start)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            out[name][1].append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+            if done.returncode != 0 or done.stdout or done.stderr:
+                raise RuntimeError(f"{command} exited {done.returncode}: {done.stdout!r} {done.stderr!r}")
+    return out
 
 
 def spooled_lines(path: Path) -> int:
@@ -135,8 +142,8 @@ def hook_inputs(count: int, sid: str) -> list[bytes]:
 
 
 async def hook(env: Env) -> list[Figure]:
-    """p99 wall ms of the hook process, daemon up and spool only, beside the bare interpreter's; with the
-    median CPU ms per process, the figure a shared machine's steal does not move.
+    """p99 wall ms of the hook process, daemon up and spool only, beside the bare interpreter's (the three
+    take turns); with the median CPU ms per process, the figure a shared machine's steal does not move.
 
     The processes run without PYTHONDONTWRITEBYTECODE (a development shell may set it): an installed hook
     writes its bytecode on its first run, while with it set every process would compile again whichever of
@@ -149,14 +156,15 @@ async def hook(env: Env) -> list[Figure]:
               "MEMENTO_URL": f"ws://127.0.0.1:{env.port}/ws"}
         away = {**base, "MEMENTO_DATA_DIR": f"{tmp}/away", "MEMENTO_TOKEN": env.token("claude")}
         warm = {**up, "MEMENTO_DATA_DIR": f"{tmp}/warm"}  # a first run: every module's bytecode written
-        await anyio.to_thread.run_sync(walls, [str(SCRIPT), "hook"], warm, hook_inputs(1, "bench-warm"))
-        bare, bare_cpu = await anyio.to_thread.run_sync(walls, [sys.executable, "-c", "pass"], base, [b""] * count)
-        delivered, up_cpu = await anyio.to_thread.run_sync(walls, [str(SCRIPT), "hook"], up,
-                                                           hook_inputs(count, "bench-hook"))
-        spooled, away_cpu = await anyio.to_thread.run_sync(walls, [str(SCRIPT), "hook"], away,
-                                                           hook_inputs(count, "bench-away"))
+        hook_command = [str(SCRIPT), "hook"]
+        await anyio.to_thread.run_sync(walls, {"warm": (hook_command, warm, hook_inputs(1, "bench-warm"))})
+        runs = {"bare": ([sys.executable, "-c", "pass"], base, [b""] * count),
+                "up": (hook_command, up, hook_inputs(count, "bench-hook")),
+                "away": (hook_command, away, hook_inputs(count, "bench-away"))}
+        timed = await anyio.to_thread.run_sync(walls, runs)
         pending = await anyio.to_thread.run_sync(spooled_lines, Path(tmp, "up", "hook-spool", "spool.jsonl"))
     stored = int(await env.redis.hget(keys.session_keys(env.namespace, "bench-hook").session, "seq") or 0)
+    (bare, bare_cpu), (delivered, up_cpu), (spooled, away_cpu) = timed["bare"], timed["up"], timed["away"]
     floor = pct(bare, 0.99) * 1000
     floors = {"floor_p50_ms": pct(bare, 0.5) * 1000, "floor_cpu_ms": pct(bare_cpu, 0.5) * 1000}
     return [Figure("hook process, daemon up (input delivered)", "ms p99", pct(delivered, 0.99) * 1000, floor,
