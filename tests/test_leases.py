@@ -18,10 +18,11 @@ from structlog.testing import capture_logs
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import Backends
+from memento_sessions.coordination import coverage
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.kg.graph import Graph
+from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.settings import Settings
 from tests.helpers import falkordb_url, make_settings, token
@@ -291,3 +292,25 @@ async def test_a_failed_reaper_pass_is_logged_and_the_next_one_still_reaps(backe
             tg.cancel_scope.cancel()
     failed = [e for e in entries if e["event"] == "lease reaper pass failed"]
     assert failed[0]["log_level"] == "error" and failed[0]["exc_info"] is True
+
+
+async def test_an_old_coverage_cache_is_reloaded_by_the_reaper_loop_not_by_an_acquire(
+        backends: Backends, settings: Settings, namespace: str, graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write that bypasses every daemon (straight to FalkorDB) is seen once the cache is MAX_AGE old: the
+    reaper's loop reloads it then, so no acquire waits for FalkorDB's read of every containment edge."""
+    monkeypatch.setattr(coverage, "MAX_AGE", 0.5)
+    await graph.query("CREATE (:CodebaseEntity {id: $file})", {"file": FILE})
+    store = CoordStore(backends.redis)
+    await store.load()
+    leases = Leases(store, Graphs(backends), settings)
+    version, pairs = await leases.coverage.covered(namespace, [FILE])
+    assert pairs == [(FILE, "")]
+    await graph.query("MATCH (f:CodebaseEntity {id: $file}) CREATE (f)-[:DEFINES]->(:Symbol {id: $sym})",
+                      {"file": FILE, "sym": LOGIN})
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(leases.reaper)
+        with anyio.fail_after(5):
+            while (leases.coverage._cache[namespace].inner or {}).get(FILE) is None:
+                await anyio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    assert await leases.coverage.covered(namespace, [FILE]) == (version, [(FILE, ""), (LOGIN, FILE)])

@@ -9,8 +9,12 @@ write methods, on any daemon) replaces after writing. `mc_acquire` compares the 
 computed at with the current one in the same call as the grant; on a mismatch it grants nothing and the
 daemon reloads and retries. So a grant never uses containment older than the last write through the
 daemon. Writes that bypass every daemon (the CLI's `kg load` writes FalkorDB directly) are picked up when a
-cache is MAX_AGE old. A namespace with more than MAX_EDGES containment edges is not cached: its acquires
-read their own entities' contents (the per-acquire read, the same answer).
+cache is MAX_AGE old: the lease reaper's loop reloads the caches used lately once they are that old, so no
+acquire waits for that reload (on a 10,000-entity graph FalkorDB takes 100 to 200 ms over the edges; their
+rows are read as plain RESP, parsed by hiredis, not the falkordb package's per-cell Python parser, which
+blocked the event loop for as long again). A cache twice MAX_AGE old (no reaper) is reloaded by the acquire.
+A namespace with more than MAX_EDGES containment edges is not cached: its acquires read their own entities'
+contents (the per-acquire read, the same answer).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 import anyio
 
 from memento_sessions import keys
+from memento_sessions.backends import translated
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.kg.graph import Graph, Graphs
 
@@ -33,13 +38,13 @@ OPTIONAL MATCH (n)-[:DEFINES]->(s)
 OPTIONAL MATCH (m)-[:MEMBER_OF_CLUSTER]->(n)
 RETURN id, collect(DISTINCT s.id), collect(DISTINCT m.id)
 """
-CONTAINS = """
-MATCH (n:CodebaseEntity)-[:DEFINES]->(s) RETURN n.id AS outer, s.id AS inner LIMIT $limit
-UNION ALL
-MATCH (m)-[:MEMBER_OF_CLUSTER]->(n:CodebaseEntity) RETURN n.id AS outer, m.id AS inner LIMIT $limit
-"""
 MAX_COVERED = 4096  # entities one lease covers at most (its own and their contents); the rest is not leased
 MAX_EDGES = 200_000  # containment edges a namespace's cache holds at most (past it: a read per acquire)
+CONTAINS = f"""
+MATCH (n:CodebaseEntity)-[:DEFINES]->(s) RETURN n.id AS outer, s.id AS inner LIMIT {MAX_EDGES + 1}
+UNION ALL
+MATCH (m)-[:MEMBER_OF_CLUSTER]->(n:CodebaseEntity) RETURN n.id AS outer, m.id AS inner LIMIT {MAX_EDGES + 1}
+"""
 MAX_AGE = 60.0  # seconds a cache serves before it is reloaded (writes that bypass the daemon)
 MAX_NAMESPACES = 1000  # namespaces cached at once (cleared past it: namespaces are client input)
 NO_GRAPH = "*"  # the version passed when no graph can exist (no FalkorDB): the grant checks none
@@ -52,7 +57,7 @@ class Contents:
 
     version: str
     inner: dict[str, list[str]] | None
-    until: float
+    until: float  # reloaded from here on (by the reaper's loop; by an acquire only MAX_AGE later)
 
 
 class Coverage:
@@ -63,6 +68,7 @@ class Coverage:
         self.store = store
         self._cache: dict[str, Contents] = {}
         self._locks: dict[str, anyio.Lock] = {}
+        self._used: set[str] = set()  # namespaces acquired in since their cache was last refreshed
 
     async def covered(self, namespace: str, entity_ids: Sequence[str]) -> tuple[str, Pairs]:
         """The graph version, and (entityId, via) for each requested entity (via '') and each one it contains
@@ -70,8 +76,9 @@ class Coverage:
         if self.graphs is None:
             return NO_GRAPH, [(entity, "") for entity in entity_ids]
         contents = self._cache.get(namespace)
-        if contents is None or contents.until <= time.monotonic():
+        if contents is None or contents.until + MAX_AGE <= time.monotonic():
             contents = await self.reload(namespace, None)
+        self._used.add(namespace)
         if contents.inner is None:
             return contents.version, await self.read(namespace, entity_ids)
         return contents.version, expand(entity_ids, contents.inner)
@@ -88,16 +95,32 @@ class Coverage:
             contents = Contents(str(version), await self._load(namespace), time.monotonic() + MAX_AGE)
             if len(self._cache) >= MAX_NAMESPACES:
                 self._cache.clear()
+                self._used.clear()
                 self._locks = {namespace: lock}
             self._cache[namespace] = contents
             return contents
+
+    async def refresh(self) -> None:
+        """Reload each cache that is MAX_AGE old and was used since it was loaded; drop the unused ones."""
+        now = time.monotonic()
+        for namespace, contents in list(self._cache.items()):
+            if contents.until > now:
+                continue
+            if namespace in self._used:
+                self._used.discard(namespace)
+                await self.reload(namespace, None)
+            else:
+                self._cache.pop(namespace, None)
 
     async def _load(self, namespace: str) -> dict[str, list[str]] | None:
         assert self.graphs is not None
         graph = await self.graphs.existing(namespace)
         if graph is None:
             return {}
-        rows = (await graph.ro_query(CONTAINS, {"limit": MAX_EDGES + 1})).result_set
+        with translated("falkordb"):
+            reply = await self.graphs.backends.falkordb.connection.execute_command("GRAPH.RO_QUERY", graph.name,
+                                                                                  CONTAINS)
+        rows = reply[1]  # [header, rows, statistics], each value as RESP gives it (ids are strings)
         if len(rows) > MAX_EDGES:
             return None
         inner: dict[str, list[str]] = {}

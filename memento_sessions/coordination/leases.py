@@ -17,7 +17,7 @@ from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.coverage import NO_GRAPH, Coverage
 from memento_sessions.coordination.store import CoordStore
-from memento_sessions.errors import Conflict
+from memento_sessions.errors import BackendUnavailable, Conflict
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS
@@ -27,6 +27,7 @@ from memento_sessions.settings import Settings
 log = get_logger(__name__)
 Result = dict[str, Any]
 REAP_EVERY = 1.0  # seconds between two reaper passes of one daemon (each pass is idempotent)
+OUTAGES: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable)  # Redis or FalkorDB away
 STALE_RETRIES = 2  # grants refused for a changed graph before an acquire reads its own entities' contents
 
 
@@ -164,13 +165,14 @@ class Leases:
                 log.info("orphaned leases released", namespace=str(namespace), count=len(out) - 1)
 
     async def reaper(self) -> None:
-        """Run reap_once forever; a Redis outage only delays it, and a pass that fails otherwise (a bug, a key
-        of the wrong type) is logged with its traceback: the next pass runs, the daemon goes on."""
+        """Run reap_once and refresh the coverage caches forever; an outage only delays them, and a pass that
+        fails otherwise (a bug, a key of the wrong type) is logged with its traceback: the next pass runs."""
         while True:
             try:
                 await self.reap_once()
-            except UNAVAILABLE as exc:
-                log.warning("lease reaper: Redis unavailable", error=repr(exc))
+                await self.coverage.refresh()
+            except OUTAGES as exc:
+                log.warning("lease reaper: a backend is unavailable", error=repr(exc))
             except Exception:
                 log.exception("lease reaper pass failed")
             await anyio.sleep(REAP_EVERY)
