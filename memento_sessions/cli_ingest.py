@@ -38,7 +38,7 @@ BATCH = 500  # events per event.emitBatch (the method's maximum)
 WINDOW = 4  # batches in flight: the next ones are converted while the daemon stores the previous
 FRAME_BUDGET = MAX_FRAME - 64 * 1024  # bytes of one batch's events: room for the request around them
 SUFFIXES = (".jsonl", ".ndjson", ".json")
-SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: `$` would also pass a trailing newline
 EPILOG = """\
 The daemon: --url (or MEMENTO_URL), else the daemon running on the data dir (its runtime.json).
 The identity: MEMENTO_TOKEN, a token with sessions:write (`memento-sessions token --agent ID`).

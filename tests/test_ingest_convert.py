@@ -20,7 +20,7 @@ from memento_sessions.ingest.events import Stats, clean, encoded_size
 from memento_sessions.ingest.signals import check_kind
 
 FIXTURES = Path(__file__).parent / "fixtures"
-ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 TYPE = re.compile(r"^[a-z][a-z0-9_.:-]{0,63}$")
 ROOT = "/repo"
 
@@ -385,8 +385,14 @@ def test_event_ids_are_deterministic_valid_and_unique(name: str) -> None:
 def test_long_or_foreign_source_ids_still_make_valid_event_ids() -> None:
     conv = converter("claude-code")
     events = conv.feed(record("user", "ü/" + "x" * 300, "hi"))
-    assert len(events) == 2 and all(ID.match(event["id"]) for event in events)
+    assert len(events) == 2 and all(ID.fullmatch(event["id"]) for event in events)
     assert events[0]["id"] != events[1]["id"]
+
+
+def test_a_source_id_ending_in_a_newline_is_not_taken_as_it_is() -> None:
+    """`$` matches before a trailing newline: such an id passed as valid and the daemon refused the event."""
+    events = converter("claude-code").feed(record("user", "u-1\n", "hi"))
+    assert events and all(ID.fullmatch(event["id"]) for event in events)
 
 
 # --- hook input ---------------------------------------------------------------------------------------------------

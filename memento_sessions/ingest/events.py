@@ -26,7 +26,7 @@ MARKER = "…[truncated {} chars]"
 MAX_NUMBER = 1e12
 MAX_REASONS = 100
 
-_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_ID_OK = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: `$` would also pass a trailing newline
 _ID_BAD_CHARS = re.compile(r"[^A-Za-z0-9._:-]")
 # In compact JSON, a value follows `:`, `,` or `[`: 13 digits or an exponent there may be a number beyond 1e12, and
 # NaN or Infinity is what an encoder that allows them writes (inside a string the same text only sends the data
