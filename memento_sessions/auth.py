@@ -41,9 +41,9 @@ class Identity:
 def issue_token(secret: str, agent_id: str, namespace: str = "default",
                 scope: str = DEFAULT_SCOPE, ttl: int = 86400, roles: tuple[str, ...] = ()) -> str:
     """Sign a token for `agent_id`; raises ValueError on a bad agent, namespace, scope or role."""
-    if not _NAME.match(agent_id):
+    if not _NAME.fullmatch(agent_id):
         raise ValueError("agent id must be 1..128 chars of [A-Za-z0-9._:-]")
-    if not _NAMESPACE.match(namespace):
+    if not _NAMESPACE.fullmatch(namespace):
         raise ValueError("namespace must be 1..64 chars of [A-Za-z0-9_-]")
     unknown = set(scope.split()) - set(SCOPES)
     if unknown:
@@ -74,9 +74,9 @@ def verify_token(secret: str, token: str | None) -> Identity:
 
 def _identity(claims: dict[str, object]) -> Identity:
     agent, ns, scope = claims.get("sub"), claims.get("ns"), claims.get("scope", "")
-    if not isinstance(agent, str) or not _NAME.match(agent):
+    if not isinstance(agent, str) or not _NAME.fullmatch(agent):
         raise AuthError("invalid token subject")
-    if not isinstance(ns, str) or not _NAMESPACE.match(ns):
+    if not isinstance(ns, str) or not _NAMESPACE.fullmatch(ns):
         raise AuthError("invalid token namespace")
     if not isinstance(scope, str):
         raise AuthError("invalid token scope")
@@ -97,7 +97,7 @@ def roles_problem(roles: object) -> str | None:
     if len(roles) > MAX_ROLES:
         return f"at most {MAX_ROLES} roles"
     for role in roles:
-        if not isinstance(role, str) or not ROLE.match(role):
+        if not isinstance(role, str) or not ROLE.fullmatch(role):
             return f"{role!r} is not 1..64 chars of [A-Za-z0-9._-]"
     return None
 

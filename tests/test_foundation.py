@@ -7,6 +7,7 @@ import json
 import logging
 import subprocess
 import sys
+from typing import cast
 
 import anyio
 import httpx2
@@ -16,6 +17,7 @@ from prometheus_client import REGISTRY
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
+from memento_sessions.auth import issue_token
 from memento_sessions.errors import ConfigError
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.settings import load_settings
@@ -84,6 +86,27 @@ async def test_a_token_without_ns_or_sub_is_refused_naming_the_claim(daemon: Dae
             pass
     assert refused.value.response.status_code == 401
     assert json.loads(refused.value.response.body) == {"error": reason}
+
+
+@pytest.mark.parametrize(("claims", "reason"), [
+    ({"sub": "agent-a\n", "ns": "default"}, "invalid token subject"),
+    ({"sub": "agent-a", "ns": "default\n"}, "invalid token namespace"),
+    ({"sub": "agent-a", "ns": "default", "roles": ["dev\n"]}, "invalid token roles: 'dev\\n' is not 1..64 chars of "
+                                                              "[A-Za-z0-9._-]"),
+])
+async def test_a_signed_name_ending_in_a_newline_is_refused(daemon: Daemon, claims: dict[str, object],
+                                                            reason: str) -> None:
+    """`$` matches before a trailing newline: such a name passed, and went into Redis keys as it was."""
+    signed = jwt.encode({**claims, "scope": "admin", "exp": 2**33}, SECRET, algorithm="HS256")
+    with pytest.raises(InvalidStatus) as refused:
+        async with connect(f"ws://127.0.0.1:{daemon.port}/ws", additional_headers={"Authorization": f"Bearer {signed}"}
+                           ):
+            pass
+    assert refused.value.response.status_code == 401
+    assert json.loads(refused.value.response.body) == {"error": reason}
+    with pytest.raises(ValueError):  # nor does the CLI's `token` sign one
+        roles = tuple(cast(list[str], claims.get("roles", [])))
+        issue_token(SECRET, str(claims["sub"]), str(claims["ns"]), roles=roles)
 
 
 async def test_token_in_query_string_is_accepted(daemon: Daemon) -> None:

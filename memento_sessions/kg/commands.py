@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _namespace(value: str) -> str:
-    if not NAMESPACE.match(value):
+    if not NAMESPACE.fullmatch(value):
         raise argparse.ArgumentTypeError("a namespace is 1..64 chars of [A-Za-z0-9_-]")
     return value
 
