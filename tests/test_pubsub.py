@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.redisio import pubsub
+from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.redisio.pubsub import open_subscriber
 
 pytestmark = pytest.mark.anyio
@@ -50,3 +51,42 @@ async def test_a_server_that_stops_answering_is_dropped_by_keepalive(
     assert isinstance(reason, TimeoutError) and "no data from Redis" in str(reason)
     await admin.client_unpause()
     await admin.aclose()
+
+
+class Recorder:
+    """A fan-out listener that writes down which listener got each message, in the order they were called."""
+
+    def __init__(self, name: int, calls: list[tuple[int, str]]) -> None:
+        self.name, self.calls = name, calls
+
+    def on_message(self, data: str) -> None:
+        self.calls.append((self.name, data))
+
+    def on_reconnect(self) -> None:
+        """Nothing stored to catch up from."""
+
+
+async def test_fanout_delivers_in_subscription_order(backend_urls: Endpoints, namespace: str) -> None:
+    # Listeners made first and attached in reverse: the order they are called in is the order they attached,
+    # not the order of their addresses (a set's order, which made a subscriber's place in a fan-out a lottery).
+    calls: list[tuple[int, str]] = []
+    channel = f"{namespace}:order"
+    listeners = [Recorder(n, calls) for n in range(30)]
+    fanout = Fanout(backend_urls.redis_url, f"{namespace}:control")
+    publisher = aioredis.Redis.from_url(backend_urls.redis_url)
+    async with anyio.create_task_group() as tg:
+        await tg.start(fanout.run)
+        for listener in reversed(listeners):
+            await fanout.attach(channel, listener)
+        fanout.detach(channel, listeners[10])
+        await fanout.attach(channel, listeners[10])  # attached anew: now the last
+        await publisher.publish(channel, "one")
+        await publisher.publish(channel, "two")
+        with anyio.fail_after(5):
+            while len(calls) < 60:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    await fanout.aclose()
+    await publisher.aclose()
+    order = [n for n in range(29, -1, -1) if n != 10] + [10]
+    assert calls == [(n, "one") for n in order] + [(n, "two") for n in order]

@@ -1,9 +1,11 @@
 """One Redis pub/sub connection per daemon, shared by every local subscriber (plus, on a Redis Cluster,
 one per primary for the sessions' sharded channels: shards.py).
 
-Channels are subscribed when their first local listener arrives and dropped with the last. If Redis
-drops the connection (restart, `CLIENT KILL TYPE pubsub`), the loop reconnects with backoff,
-re-subscribes every channel and tells every listener to catch up from the ZSET by seq.
+Channels are subscribed when their first local listener arrives and dropped with the last; a message
+reaches a channel's listeners in the order they attached, so a subscriber's place in a fan-out is the
+same for every event. If Redis drops the connection (restart, `CLIENT KILL TYPE pubsub`), the loop
+reconnects with backoff, re-subscribes every channel and tells every listener to catch up from the ZSET
+by seq.
 
 On a Redis Cluster, a session's channel (it carries the session's hash tag) is SSUBSCRIBEd on the
 primary of its slot; the daemon's own channel and the namespaces' announcement channels (PUBLISHed,
@@ -50,7 +52,9 @@ class Fanout:
     def __init__(self, redis_url: str, control_channel: str) -> None:
         self.url = redis_url
         self.control = control_channel
-        self.listeners: dict[str, set[Listener]] = {}
+        # Per channel, its listeners in subscription order (a dict as an ordered set): a message reaches them
+        # first-come first-served, the same order every time, instead of a set's order by object address.
+        self.listeners: dict[str, dict[Listener, None]] = {}
         self._confirmed: dict[str, anyio.Event] = {}
         self._subscriber: Subscriber | None = None
         self._catch_up = False
@@ -138,8 +142,8 @@ class Fanout:
 
     async def attach(self, channel: str, listener: Listener) -> None:
         """Feed `listener` from `channel`; returns once Redis confirmed the subscription."""
-        listeners = self.listeners.setdefault(channel, set())
-        listeners.add(listener)
+        listeners = self.listeners.setdefault(channel, {})
+        listeners[listener] = None
         try:
             with anyio.fail_after(CONFIRM_TIMEOUT):
                 if len(listeners) == 1 and self.shards is not None and sharded(channel):
@@ -156,7 +160,7 @@ class Fanout:
         listeners = self.listeners.get(channel)
         if listeners is None:
             return
-        listeners.discard(listener)
+        listeners.pop(listener, None)
         if not listeners:
             del self.listeners[channel]
             self._confirmed.pop(channel, None)

@@ -93,9 +93,8 @@ class Connection:
         if not self._fits(len(frame)):
             self._overflow()
             return
-        if self._direct is not None and not self._out and not self._sending and self._direct.ready():
-            self._direct.write_one(frame)  # nothing queued or in flight: order is kept
-            _SENT.add()
+        if not self._out and not self._sending and self._direct is not None and self._direct.write_now(frame):
+            _SENT.add()  # nothing queued or in flight: order is kept
             return
         self._out.append(frame)
         self._queued += len(frame)

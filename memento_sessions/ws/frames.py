@@ -68,9 +68,13 @@ class DirectWriter:
         """Frame and write, in order, in one transport write."""
         self.transport.write(b"".join(framed(frame) for frame in frames))
 
-    def write_one(self, frame: str) -> None:
-        """Frame and write one frame: the fan-out's case, without a batch's join."""
+    def write_now(self, frame: str) -> bool:
+        """Frame and write one frame if the transport takes data now (the fan-out's per-delivery call, one
+        check and one write); False, and nothing written, otherwise."""
+        if not self.ready():
+            return False
         self.transport.write(framed(frame))
+        return True
 
 
 def take_batch(queue: Any, limit: int = _BATCH_BYTES) -> tuple[list[str], int]:
