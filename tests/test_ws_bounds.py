@@ -332,3 +332,25 @@ async def test_keepalive_pings_each_peer_every_interval_and_closes_one_that_stop
         assert gateway is not None
         await wait_until(lambda: not gateway.connections)
         writer.close()
+
+
+def readers() -> list[asyncio.Task[Any]]:
+    """The connections' reader tasks (ws/gateway.py runs one per connection beside its writer)."""
+    return [task for task in asyncio.all_tasks() if getattr(task.get_coro(), "__qualname__", "") == "Gateway._read"]
+
+
+async def test_a_connection_s_reader_ends_with_it_whichever_side_closes(daemon: Daemon, namespace: str) -> None:
+    """A client that hangs up ends its writer, and a close by the daemon (here a token's expiry) ends its
+    reader: neither task outlives the connection."""
+    gateway = daemon.gateway
+    assert gateway is not None
+    before = len(readers())
+    hangers = [await raw_client(daemon.port, token(f"hanger{n}", namespace)) for n in range(5)]
+    async with connect(f"ws://127.0.0.1:{daemon.port}/ws?token={token('brief', namespace, ttl=2)}") as brief:
+        assert len(readers()) == before + 6
+        for _, writer in hangers:
+            writer.transport.abort()
+        await wait_until(lambda: len(readers()) == before + 1)
+        with pytest.raises(ConnectionClosed), anyio.fail_after(5):
+            await brief.recv()
+    await wait_until(lambda: len(readers()) == before and not gateway.connections)
