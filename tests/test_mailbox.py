@@ -130,6 +130,11 @@ async def test_the_cap_drops_the_oldest_and_reads_page(backend_urls: Endpoints, 
             assert [m["body"] for m in first["messages"]] == [5, 6, 7, 8] and first["nextSince"] == 9
             rest = await b.call("mailbox.read", {"since": first["nextSince"], "limit": 100})
             assert [m["body"] for m in rest["messages"]] == [9, 10, 11, 12, 13, 14] and "nextSince" not in rest
+    async with running(make_settings(backend_urls, tmp_path / "2", mailbox_max=3)) as d, \
+            rpc(d.port, token("a", namespace)) as a, rpc(d.port, token("b", namespace)) as b:
+        await a.call("mailbox.send", {"to": "b", "body": 15})  # a lowered cap: the excess goes in one send
+        assert REGISTRY.get_sample_value("memento_mailbox_dropped_total") == before + 5 + 8
+        assert [m["body"] for m in (await b.call("mailbox.read", {}))["messages"]] == [13, 14, 15]
 
 
 async def test_a_mailbox_lives_as_long_as_its_longest_message(daemon: Daemon, backends: Backends,

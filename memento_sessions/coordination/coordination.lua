@@ -186,14 +186,19 @@ local function keep_mailbox(keys, expires)
   return kept
 end
 
+-- Drops the oldest messages past max, TRIM_CHUNK at a time (unpack's limit: a cap lowered from a million).
+local TRIM_CHUNK = 1000
+
 local function trim(keys, max)
-  local excess = redis.call('ZCARD', keys[1]) - max
-  if excess <= 0 then return 0 end
-  local popped, ids = redis.call('ZPOPMIN', keys[1], excess), {}
-  for i = 1, #popped, 2 do table.insert(ids, popped[i]) end
-  redis.call('HDEL', keys[2], unpack(ids))
-  redis.call('SREM', keys[3], unpack(ids))
-  return #ids
+  local excess, dropped = redis.call('ZCARD', keys[1]) - max, 0
+  while excess > dropped do
+    local popped, ids = redis.call('ZPOPMIN', keys[1], math.min(excess - dropped, TRIM_CHUNK)), {}
+    for i = 1, #popped, 2 do table.insert(ids, popped[i]) end
+    redis.call('HDEL', keys[2], unpack(ids))
+    redis.call('SREM', keys[3], unpack(ids))
+    dropped = dropped + #ids
+  end
+  return dropped
 end
 
 local function send(keys, args)
