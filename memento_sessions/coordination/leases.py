@@ -5,7 +5,7 @@ lease keys (coordination.lua), so every daemon sees the same leases and no two g
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +28,7 @@ log = get_logger(__name__)
 Result = dict[str, Any]
 REAP_EVERY = 1.0  # seconds between two reaper passes of one daemon (each pass is idempotent)
 OUTAGES: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable)  # Redis or FalkorDB away
+GRANTED, REFUSED = LEASE_ACQUIRES.labels("granted"), LEASE_ACQUIRES.labels("refused")  # bound once, not per call
 STALE_RETRIES = 2  # grants refused for a changed graph before an acquire reads its own entities' contents
 
 
@@ -64,7 +65,7 @@ class Leases:
     async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,
                       session_id: str | None = None, reason: str | None = None) -> Result:
         """Grant a lease on the entities and what they contain, or (exclusive, any conflict) nothing."""
-        lease_id, now = f"lease-{uuid.uuid4().hex[:20]}", now_ms()
+        lease_id, now = f"lease-{os.urandom(10).hex()}", now_ms()
         tail = pydantic_core.to_json({"leaseId": lease_id, "agentId": who.agent_id, "mode": mode,
                                       "entityIds": list(entity_ids), "sessionId": session_id, "reason": reason,
                                       "acquiredAt": iso(now)}).decode()[:-1]
@@ -82,7 +83,7 @@ class Leases:
             await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
             self._indexed.add(who.namespace)
         conflicts = reply["conflicts"] if isinstance(reply.get("conflicts"), list) else []
-        LEASE_ACQUIRES.labels("granted" if reply["granted"] else "refused").inc()
+        (GRANTED if reply["granted"] else REFUSED).inc()
         if not reply["granted"]:
             return {"leaseId": None, "granted": False, "conflicts": conflicts, "fencingToken": None, "expiresAt": None}
         return {"leaseId": lease_id, "granted": True, "conflicts": conflicts, "fencingToken": reply["fencingToken"],
