@@ -25,6 +25,7 @@ from websockets.asyncio.client import connect
 
 from bench.harness import PAYLOAD, Env, Figure, Target, concurrently, latency_extra, pct, rate, timed, ws
 from bench.receivers import LeanCaller, masked_frame, upgraded
+from bench.watch import quiet
 from memento_sessions import keys
 from memento_sessions.backends import open_backends
 from memento_sessions.coordination.coverage import GRAPH_FIELD
@@ -42,6 +43,7 @@ async def lease_acquire(env: Env) -> Figure:
     count = 300 if env.quick else 2000
     run = uuid.uuid4().hex[:8]
     files = await defining_files(env, 2 * count + 1)  # the floor leases other files: no conflict refuses it
+    await quiet(env)  # a graph load just now may have grown the AOF past a rewrite
     async with ws(env, f"leaser-{run}") as rpc:
         warm = await rpc.call("lease.acquire", {"entityIds": [files[0][0]], "ttl": 60})  # loads the coverage cache
         if sorted(warm["covers"]) != sorted(files[0][1]):
