@@ -181,6 +181,7 @@ class Daemon:
         from memento_sessions.server.app import build_app
         from memento_sessions.server.handshake import handshake_protocol
         from memento_sessions.server.keepalive import keep_alive
+        from memento_sessions.server.websocket import WebSocketsSansIOProtocol
 
         assert self.gateway is not None and self.services is not None
         sock = self._sock
@@ -188,7 +189,7 @@ class Daemon:
         self.port = sock.getsockname()[1]
         app = build_app(self.gateway, self.health, self.services.mcp_app)
         config = uvicorn.Config(
-            app, lifespan="off", log_config=None, ws="websockets-sansio", ws_max_size=MAX_FRAME,
+            app, lifespan="off", log_config=None, ws=WebSocketsSansIOProtocol, ws_max_size=MAX_FRAME,
             ws_ping_interval=None, ws_ping_timeout=None,  # one task pings them all (server/keepalive.py)
             ws_per_message_deflate=False,
             timeout_graceful_shutdown=3, access_log=False,
