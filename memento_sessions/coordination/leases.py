@@ -20,6 +20,7 @@ from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import BackendUnavailable, Conflict
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
+from memento_sessions.loops import one_pass
 from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS
 from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.settings import Settings
@@ -169,11 +170,9 @@ class Leases:
         """Run reap_once and refresh the coverage caches forever; an outage only delays them, and a pass that
         fails otherwise (a bug, a key of the wrong type) is logged with its traceback: the next pass runs."""
         while True:
-            try:
-                await self.reap_once()
-                await self.coverage.refresh()
-            except OUTAGES as exc:
-                log.warning("lease reaper: a backend is unavailable", error=repr(exc))
-            except Exception:
-                log.exception("lease reaper pass failed")
+            await one_pass(self._reap_pass, "lease reaper", OUTAGES)
             await anyio.sleep(REAP_EVERY)
+
+    async def _reap_pass(self) -> None:
+        await self.reap_once()
+        await self.coverage.refresh()
