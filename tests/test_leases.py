@@ -294,6 +294,27 @@ async def test_a_failed_reaper_pass_is_logged_and_the_next_one_still_reaps(backe
     assert failed[0]["log_level"] == "error" and failed[0]["exc_info"] is True
 
 
+async def test_a_namespace_that_fails_its_reap_does_not_stop_the_others(backends: Backends, settings: Settings,
+                                                                        namespace: str) -> None:
+    """One namespace whose lease keys hold the wrong type used to end the whole pass (reap_once raised), so every
+    namespace after it kept its expired and orphaned leases."""
+    store = CoordStore(backends.redis)
+    await store.load()
+    leases = Leases(store, None, settings)
+    broken, good = f"{namespace}-broken", f"{namespace}-good"
+    for ns in (broken, good):
+        assert (await leases.acquire(Identity("a", ns, frozenset({"sessions:write"})), ["x"], 1, "exclusive"))["granted"]
+    await backends.redis.delete(keys.lease_keys(broken).expiry)
+    await backends.redis.set(keys.lease_keys(broken).expiry, "not a zset")
+    await anyio.sleep(1.1)  # the good namespace's lease expires
+    with capture_logs() as entries:
+        await leases.reap_once()
+    assert await backends.redis.hlen(keys.lease_keys(good).leases) == 0
+    failed = [e for e in entries if e.get("job") == "lease reaper"]
+    assert len(failed) == 1 and failed[0]["log_level"] == "error"
+    await backends.redis.delete(*keys.lease_keys(broken).all())
+
+
 async def test_an_old_coverage_cache_is_reloaded_by_the_reaper_loop_not_by_an_acquire(
         backends: Backends, settings: Settings, namespace: str, graph: Graph, monkeypatch: pytest.MonkeyPatch) -> None:
     """A write that bypasses every daemon (straight to FalkorDB) is seen once the cache is MAX_AGE old: the

@@ -6,6 +6,7 @@ lease keys (coordination.lua), so every daemon sees the same leases and no two g
 from __future__ import annotations
 
 import os
+from functools import partial
 from collections.abc import Sequence
 from typing import Any
 
@@ -155,16 +156,20 @@ class Leases:
             await self.store.call("mc_fence_sync", [skeys.session, skeys.ids], *flat)
 
     async def reap_once(self) -> None:
-        """End every namespace's expired leases and those of agents gone for MEMENTO_LEASE_ORPHAN_GRACE."""
+        """End every namespace's expired leases and those of agents gone for MEMENTO_LEASE_ORPHAN_GRACE. One
+        namespace that fails (a key of the wrong type) is logged and the others are still reaped."""
         grace_ms = int(self.settings.lease_orphan_grace * 1000)
         await self.store.command("EXPIRE", keys.coord_namespaces(), 7200)
         for namespace in await self.store.command("SMEMBERS", keys.coord_namespaces()):
-            out = await self.store.call("mc_reap", keys.lease_keys(str(namespace)).all(), now_ms(), grace_ms)
-            if int(out[0]):
-                LEASE_ENDS.labels("expired").inc(int(out[0]))
-            if len(out) > 1:
-                LEASE_ENDS.labels("orphaned").inc(len(out) - 1)
-                log.info("orphaned leases released", namespace=str(namespace), count=len(out) - 1)
+            await one_pass(partial(self._reap_namespace, str(namespace), grace_ms), "lease reaper", OUTAGES)
+
+    async def _reap_namespace(self, namespace: str, grace_ms: int) -> None:
+        out = await self.store.call("mc_reap", keys.lease_keys(namespace).all(), now_ms(), grace_ms)
+        if int(out[0]):
+            LEASE_ENDS.labels("expired").inc(int(out[0]))
+        if len(out) > 1:
+            LEASE_ENDS.labels("orphaned").inc(len(out) - 1)
+            log.info("orphaned leases released", namespace=namespace, count=len(out) - 1)
 
     async def reaper(self) -> None:
         """Run reap_once and refresh the coverage caches forever; an outage only delays them, and a pass that
