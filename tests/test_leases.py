@@ -303,7 +303,8 @@ async def test_a_namespace_that_fails_its_reap_does_not_stop_the_others(backends
     leases = Leases(store, None, settings)
     broken, good = f"{namespace}-broken", f"{namespace}-good"
     for ns in (broken, good):
-        assert (await leases.acquire(Identity("a", ns, frozenset({"sessions:write"})), ["x"], 1, "exclusive"))["granted"]
+        who = Identity("a", ns, frozenset({"sessions:write"}))
+        assert (await leases.acquire(who, ["x"], 1, "exclusive"))["granted"]
     await backends.redis.delete(keys.lease_keys(broken).expiry)
     await backends.redis.set(keys.lease_keys(broken).expiry, "not a zset")
     await anyio.sleep(1.1)  # the good namespace's lease expires

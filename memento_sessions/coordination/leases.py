@@ -6,8 +6,8 @@ lease keys (coordination.lua), so every daemon sees the same leases and no two g
 from __future__ import annotations
 
 import os
-from functools import partial
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import anyio
