@@ -43,6 +43,8 @@ framed = per_message(_encode)
 class DirectWriter:
     """Writes frames straight to the transport behind an ASGI `send` of uvicorn's sansio protocol."""
 
+    __slots__ = ("protocol", "transport", "writable")  # read per delivery, see Connection
+
     def __init__(self, protocol: Any) -> None:
         self.protocol = protocol
         # Fixed for the protocol's life (made in its __init__ and connection_made): read once, not per frame.

@@ -59,6 +59,10 @@ class Feed(Protocol):
 class Subscription:
     """One client's subscription to one session."""
 
+    # Read per delivery, as Connection's: see there.
+    __slots__ = ("_replay", "channel", "closed", "epoch", "fanout", "last_seq", "live", "manager", "namespace", "peer",
+                 "pending", "pending_bytes", "session_id", "session_json")
+
     def __init__(self, peer: Feed, manager: SessionManager, fanout: Fanout, namespace: str, session_id: str) -> None:
         self.peer, self.manager, self.fanout = peer, manager, fanout
         self.namespace, self.session_id = namespace, session_id
