@@ -82,6 +82,34 @@ async def test_a_file_lease_covers_its_symbols_and_an_emit_on_one_alerts_the_hol
         assert [(m["subject"], m["body"]["seq"]) for m in inbox] == [("lease.conflict", 1)]
 
 
+async def test_a_batch_reads_the_holds_once_and_alerts_each_conflicting_event(daemon: Daemon, namespace: str) -> None:
+    """emitBatch: conflicts per stored event with its seq, one alert per conflicting lease of a stored event,
+    none for a duplicate or an event on free entities (the holds are now read once for the whole batch)."""
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        on_e1 = await a.call("lease.acquire", {"entityIds": ["e1"], "ttl": 60, "mode": "exclusive"})
+        on_e2 = await a.call("lease.acquire", {"entityIds": ["e2"], "ttl": 60, "mode": "shared"})
+        sid = await session(b)
+        await b.call("event.emit", {"sessionId": sid, "event": {"id": "old", "type": "modified", "changeInfo": {
+            "entityIds": ["e1"], "operation": "modified"}}})  # seq 1, and its conflict record seq 2
+        assert (await a.notification("lease.conflict", timeout=2))["params"]["body"]["seq"] == 1
+
+        def edit(event_id: str, *entities: str) -> dict[str, Any]:
+            return {"id": event_id, "type": "modified", "changeInfo": {"entityIds": list(entities),
+                                                                        "operation": "modified"}}
+
+        reply = await b.call("event.emitBatch", {"sessionId": sid, "events": [
+            edit("old", "e1"), edit("n1", "free"), edit("n2", "e2", "free", "e1"), edit("n3", "e1")]})
+        one = {"heldBy": "a", "mode": "exclusive", "leaseId": on_e1["leaseId"], "entityId": "e1"}
+        two = {"heldBy": "a", "mode": "shared", "leaseId": on_e2["leaseId"], "entityId": "e2"}
+        assert reply["seqs"] == [1, 3, 4, 5] and reply["duplicates"] == [1]
+        assert reply["conflicts"] == [{**two, "seq": 4}, {**one, "seq": 4}, {**one, "seq": 5}]
+        alerts = [await a.notification("lease.conflict", timeout=2) for _ in range(3)]
+        assert sorted((n["params"]["body"]["seq"], n["params"]["body"]["entityId"]) for n in alerts) == \
+            [(4, "e1"), (4, "e2"), (5, "e1")]
+        events = (await b.call("session.get", {"sessionId": sid}))["events"]
+        assert [(e["seq"], e["data"]["seq"]) for e in events if e["type"] == "conflict"] == [(2, 1), (6, 4), (7, 5)]
+
+
 async def test_exclusive_is_all_or_nothing_and_shared_is_advisory(daemon: Daemon, namespace: str) -> None:
     async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
         await a.call("lease.acquire", {"entityIds": ["e2"], "ttl": 60, "mode": "exclusive"})

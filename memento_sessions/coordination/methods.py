@@ -253,11 +253,10 @@ def batch_hook(coord: Coordination, inner: Handler) -> Handler:
     async def handler(call: Call, params: Any) -> Result:
         result = await write_fenced(coord, call, params.sessionId, params.events,
                                     lambda: inner(call, params))
-        duplicates, found = set(result.get("duplicates", ())), []
-        for seq, event in zip(result["seqs"], params.events, strict=True):
-            if seq not in duplicates:
-                found += [{**c, "seq": seq} for c in await coord.alerts.after_emit(call.identity, params.sessionId,
-                                                                                   seq, event)]
+        duplicates = set(result.get("duplicates", ()))
+        stored = [(seq, event) for seq, event in zip(result["seqs"], params.events, strict=True)
+                  if seq not in duplicates]
+        found = await coord.alerts.after_batch(call.identity, params.sessionId, stored)
         if found:
             result["conflicts"] = found
         return result
