@@ -92,7 +92,7 @@ async def handoff_apart(env: Env) -> Figure:
     The measured subscriber is (near) the last written to in both, as "the 100th" says: the daemon writes a
     channel's subscribers in subscription order and ours subscribes after the crowd; Redis 8 writes them
     roughly newest first, so the floor's subscribes before its crowd (100 bare subscribers, 8 runs: the first
-    subscribed was written 72nd to 96th, the last 1st in five runs). Before, ours sat where a set's hashing
+    subscribed was written 72nd to 96th, the last 1st in four). Before, ours sat where a set's hashing
     put it and the floor's was mostly first, timing the PUBLISH alone.
     """
     per_second = 100
