@@ -175,3 +175,22 @@ async def test_a_beat_over_10000_idle_connections_refreshes_every_agent_and_turn
     assert all(conn.idle for conn in presence.conns.values())
     assert await backends.redis.keys(keys.presence_key(namespace, "*")) == []
     assert took < 2.0, f"a beat over 10,000 idle connections took {took:.2f} s"
+
+
+async def test_an_agent_is_present_by_its_own_live_fields_only(backends: Backends, settings: Settings,
+                                                                namespace: str) -> None:
+    """Whether an agent is present already (a `joined` is published only when it was not) reads only that
+    agent's fields: another agent whose id it prefixes does not count, nor its own field on a daemon that
+    stopped beating; its live field on another daemon does, among hundreds of others."""
+    presence = Presence(CoordStore(backends.redis), settings, "d-here")
+    key, now = keys.presence_key(namespace, "s-1"), now_ms()
+    stale = now - int(presence.beat * 1000 * 4)
+    fields = {f"other{n}/d-x": json.dumps({"c": 1, "r": now, "h": now}) for n in range(300)}
+    fields["ab/d-x"] = json.dumps({"c": 1, "r": now, "h": now})
+    fields["a/d-dead"] = json.dumps({"c": 1, "r": now, "h": stale})
+    await backends.redis.hset(key, mapping=fields)
+    assert not await presence._present(namespace, "s-1", "a")
+    await backends.redis.hset(key, "a/d-live", json.dumps({"c": 1, "r": now, "h": now}))
+    assert await presence._present(namespace, "s-1", "a")
+    assert await presence._present(namespace, "s-1", "other299")
+    assert not await presence._present(namespace, "s-1", "other3000")

@@ -132,7 +132,20 @@ class Presence:
         await self.store.command("PEXPIRE", key, int(self.beat * 1000 * STALE_BEATS * 4))
 
     async def _present(self, namespace: str, session_id: str, agent: str) -> bool:
-        return any(a["agentId"] == agent for a in await self.agents(namespace, session_id))
+        """Whether the agent has a live field in the session on any daemon. Only its own fields are read (HSCAN
+        MATCH `<agent>/*`): reading and decoding the whole hash made each of 1,000 subscribes to one session
+        cost in proportion to the subscribers before it. An agent id holds no glob character and no '/' (auth.py)."""
+        key, pattern, cursor, now = keys.presence_key(namespace, session_id), f"{agent}/*", 0, now_ms()
+        while True:
+            cursor, fields = scanned(await self.store.command("HSCAN", key, cursor, "MATCH", pattern, "COUNT", 1000))
+            if any(self._live(pydantic_core.from_json(raw), now) for raw in fields.values()):
+                return True
+            if cursor == 0:
+                return False
+
+    def _live(self, value: dict[str, Any], now: int) -> bool:
+        """A field is live while its daemon beats: gone once STALE_BEATS heartbeats old."""
+        return bool(value["h"] >= now - self.beat * 1000 * STALE_BEATS)
 
     async def agents(self, namespace: str, session_id: str) -> list[Result]:
         """presence.get: every agent with a live field, its connections summed and its last request."""
@@ -141,8 +154,8 @@ class Presence:
         now, merged = now_ms(), dict[str, dict[str, Any]]()
         for name, raw in pairs.items():
             value = pydantic_core.from_json(raw)
-            if value["h"] < now - self.beat * 1000 * STALE_BEATS:
-                continue  # its daemon stopped beating: gone
+            if not self._live(value, now):
+                continue
             agent = str(name).rpartition("/")[0]
             seen = merged.setdefault(agent, {"agentId": agent, "connections": 0, "r": 0})
             seen["connections"] += value["c"]
@@ -248,6 +261,13 @@ class Presence:
         await asyncio.gather(*(call for role in roles for call in (
             self.store.command("SADD", keys.role_members(namespace, role), agent),
             self.store.command("EXPIRE", keys.role_members(namespace, role), ROLE_TTL))))
+
+
+def scanned(reply: Any) -> tuple[int, dict[Any, Any]]:
+    """An HSCAN reply as (next cursor, {field: value}): a flat list over the pipe, a dict from redis-py."""
+    cursor, found = reply
+    pairs = dict(zip(found[::2], found[1::2], strict=True)) if isinstance(found, list) else dict(found)
+    return int(cursor), pairs
 
 
 ROLE_TTL = 7 * 86400  # seconds a role is kept after it was last declared (or its token last seen)
