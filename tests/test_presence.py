@@ -7,6 +7,7 @@ import json
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -185,7 +186,7 @@ async def test_an_agent_is_present_by_its_own_live_fields_only(backends: Backend
     presence = Presence(CoordStore(backends.redis), settings, "d-here")
     key, now = keys.presence_key(namespace, "s-1"), now_ms()
     stale = now - int(presence.beat * 1000 * 4)
-    fields = {f"other{n}/d-x": json.dumps({"c": 1, "r": now, "h": now}) for n in range(300)}
+    fields: dict[Any, Any] = {f"other{n}/d-x": json.dumps({"c": 1, "r": now, "h": now}) for n in range(300)}
     fields["ab/d-x"] = json.dumps({"c": 1, "r": now, "h": now})
     fields["a/d-dead"] = json.dumps({"c": 1, "r": now, "h": stale})
     await backends.redis.hset(key, mapping=fields)
