@@ -50,6 +50,13 @@ def masked(text: str) -> bytes:
     return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
 
 
+def upgrade_request(tok: str) -> bytes:
+    """A WebSocket upgrade request for /ws with a bearer token."""
+    key = base64.b64encode(os.urandom(16)).decode()
+    return (f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {tok}\r\n\r\n").encode()
+
+
 async def raw_client(port: int, tok: str, rcvbuf: int = 4096) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A WebSocket client on a socket with a tiny receive buffer, past the handshake; it reads only if told."""
     sock = socket.socket()
@@ -57,10 +64,7 @@ async def raw_client(port: int, tok: str, rcvbuf: int = 4096) -> tuple[asyncio.S
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
     reader, writer = await asyncio.open_connection(sock=sock)
-    key = base64.b64encode(os.urandom(16)).decode()
-    writer.write((f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                  f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {tok}\r\n\r\n"
-                  ).encode())
+    writer.write(upgrade_request(tok))
     head = await reader.readuntil(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 101"), head
     return reader, writer
@@ -363,10 +367,7 @@ def blocking_clients(port: int, tokens: list[str]) -> list[socket.socket]:
     clients = []
     for tok in tokens:
         sock = socket.create_connection(("127.0.0.1", port))
-        key = base64.b64encode(os.urandom(16)).decode()
-        sock.sendall((f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-                      f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nAuthorization: Bearer {tok}\r\n\r\n"
-                      ).encode())
+        sock.sendall(upgrade_request(tok))
         head = b""
         while b"\r\n\r\n" not in head:
             head += sock.recv(4096)
