@@ -71,6 +71,14 @@ class Registry:
 
     def __init__(self) -> None:
         self.methods: dict[str, Method[Any]] = {}
+        # Run for each new connection before it is accepted (coordination: presence and the agent's pushes),
+        # so a client that never sends a request is present and gets its pushes from the moment it connects.
+        self.on_connect: list[Callable[[Call], Awaitable[None]]] = []
+
+    async def connected(self, call: Call) -> None:
+        """Run the connect hooks for a new connection, in the order they were added."""
+        for hook in self.on_connect:
+            await hook(call)
 
     def add(self, name: str, params: type[P], handler: Callable[[Call, P], Awaitable[Result]],
             scope: str = "sessions:read") -> None:

@@ -71,6 +71,14 @@ async def test_an_agent_without_requests_turns_idle_then_active(backend_urls: En
         assert ("b", "active") in await statuses(a, "active", timeout=5, agent="b")
 
 
+async def test_the_connect_hook_is_no_method_a_client_can_call(daemon: Daemon, namespace: str) -> None:
+    """The gateway runs the registry's connect hooks itself; the old `rpc.connected` method is gone from the table."""
+    async with rpc(daemon.port, token("a", namespace)) as a:
+        assert (await a.error("rpc.connected", {}))["code"] == -32601
+    assert daemon.services is not None and daemon.services.registry.on_connect  # coordination's hook is there
+    assert not [name for name in daemon.services.registry.methods if name.startswith("rpc.")]
+
+
 async def test_a_closed_connection_is_gone_at_once(daemon: Daemon, namespace: str) -> None:
     async with rpc(daemon.port, token("a", namespace)) as a:
         sid = (await a.call("session.create", {}))["sessionId"]

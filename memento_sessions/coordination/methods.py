@@ -34,7 +34,6 @@ from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId,
 from memento_sessions.sessions.storable import value_problem
 
 log = get_logger(__name__)
-CONNECTED = "rpc.connected"  # JSON-RPC reserves `rpc.` names for the transport: the gateway's connect hook
 RoleName = Annotated[str, StringConstraints(pattern=ROLE.pattern)]
 Recipient = Annotated[str, StringConstraints(pattern=r"^(role:[A-Za-z0-9._-]{1,64}|session:[A-Za-z0-9._:-]{1,128}|"
                                              r"[A-Za-z0-9._:-]{1,128})$")]
@@ -109,7 +108,7 @@ def register(registry: Registry, coord: Coordination) -> None:
     for name, (params, handler, scope) in methods(coord).items():
         registry.add(name, params, handler, scope)
     hook(registry, coord)
-    add_connect_hook(registry, coord)
+    registry.on_connect.append(coord.connect)
 
 
 def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]:
@@ -148,16 +147,6 @@ def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]
         "lease.release": (ReleaseParams, release, write), "lease.list": (ListLeasesParams, list_, read),
         "mailbox.send": (SendParams, send, write), "mailbox.read": (ReadParams, read_, read),
         "mailbox.ack": (AckParams, ack, write)}
-
-
-def add_connect_hook(registry: Registry, coord: Coordination) -> None:
-    """`rpc.connected`, which the gateway runs for each new connection before accepting it (after the hooks:
-    it needs none). A client calling it itself only repeats what its connect did."""
-    async def connected(call: Call, _: Params) -> Result:
-        await coord.connect(call)
-        return {}
-
-    registry.add(CONNECTED, Params, connected, "sessions:read")
 
 
 def wrap(registry: Registry, name: str, make: Callable[[Handler], Handler]) -> None:

@@ -52,7 +52,7 @@ class Coordination:
             self.presence.spawn = None  # connections closing after this (shutdown) start no task in a dead group
 
     async def connect(self, call: Call) -> None:
-        """A new connection (the gateway calls this before it accepts the WebSocket, through `rpc.connected`):
+        """A new connection (the gateway runs this connect hook of the registry before it accepts the WebSocket):
         from now on its agent is present and live (presence, lease liveness), gets its mailbox messages and
         lease conflicts pushed, and is reached by messages to its token's roles; it need not send anything."""
         if call.peer is None or call.peer.conn_id in self.presence.conns:

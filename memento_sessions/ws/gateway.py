@@ -18,7 +18,6 @@ import structlog
 from starlette.types import Receive, Scope, Send
 
 from memento_sessions.auth import AuthError, bearer, verify_token
-from memento_sessions.coordination.methods import CONNECTED
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
 from memento_sessions.ratelimit import TokenBucket
@@ -66,7 +65,7 @@ class Gateway:
         WS_CONNECTIONS.inc()
         timer: asyncio.TimerHandle | None = None
         try:
-            await self._connected(conn)
+            await self.registry.connected(Call(conn.identity, conn))
             await send({"type": "websocket.accept"})
             timer = expiry_timer(conn)
             # Bound, never reset: this task (uvicorn's, one per connection) ends with the connection.
@@ -82,12 +81,6 @@ class Gateway:
             if not self.accepting and not self.connections:
                 self.closed_all.set()
 
-    async def _connected(self, conn: Connection) -> None:
-        """Run the `rpc.connected` hook (coordination: presence and the agent's pushes) before the accept, so a
-        client that never sends a request is present and gets its pushes from the moment it is connected."""
-        hook = self.registry.methods.get(CONNECTED)
-        if hook is not None:
-            await hook.handler(Call(conn.identity, conn), hook.params())
 
     async def _read_and_write(self, conn: Connection, receive: Receive) -> None:
         """The reader in a task of its own, the writer in this one: whichever ends first ends the other.
