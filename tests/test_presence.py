@@ -17,6 +17,7 @@ from memento_sessions.backends import Backends
 from memento_sessions.coordination.presence import Conn, Presence
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.redisio.cluster import open_pipe
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.manager import now_ms
 from memento_sessions.settings import Settings
@@ -184,6 +185,34 @@ async def test_a_beat_over_10000_idle_connections_refreshes_every_agent_and_turn
     assert all(conn.idle for conn in presence.conns.values())
     assert await backends.redis.keys(keys.presence_key(namespace, "*")) == []
     assert took < 2.0, f"a beat over 10,000 idle connections took {took:.2f} s"
+
+
+async def test_a_beat_writes_each_agents_field_once_with_its_connection_count(
+        backends: Backends, settings: Settings, namespace: str) -> None:
+    """The fan-out case: 1,000 connections in sessions (500 agents with two each, 50 agents a session). One beat
+    writes each (session, agent) field once, counting both connections, and a connection closed before the beat
+    is not counted; the writes go out together, so the beat stays well under its period."""
+    assert settings.redis_url is not None
+    pipe = open_pipe(settings.redis_url, backends.redis)  # the daemon's store: the pipelined connection
+    presence = Presence(CoordStore(backends.redis, pipe), settings, "d-crowd")
+    for n in range(1000):
+        agent = f"agent{n // 2}"
+        conn = Conn(namespace, agent, _Hung(), now_ms(), {f"s-{(n // 2) % 10}"})  # type: ignore[arg-type]
+        presence.conns[f"c-{n}"] = conn
+    del presence.conns["c-1"]  # agent0's second connection closed
+    started = time.perf_counter()
+    await presence.beat_once()
+    took = time.perf_counter() - started
+    for session in range(10):
+        fields = await backends.redis.hgetall(keys.presence_key(namespace, f"s-{session}"))
+        assert len(fields) == 50
+        counts = {str(name).split("/")[0]: json.loads(value)["c"] for name, value in fields.items()}
+        assert set(counts.values()) == ({1, 2} if session == 0 else {2})
+    agent0 = await backends.redis.hget(keys.presence_key(namespace, "s-0"), "agent0/d-crowd")
+    assert agent0 is not None and json.loads(agent0)["c"] == 1
+    if pipe is not None:
+        pipe.close()
+    assert took < 2.0, f"a beat over 1,000 connections in sessions took {took:.2f} s"
 
 
 async def test_an_agent_is_present_by_its_own_live_fields_only(backends: Backends, settings: Settings,
