@@ -7,8 +7,8 @@ keeps is the daemon's memory (SPEC 14: under 30 KB a connection).
 - Once the WebSocket is accepted, the handshake's request and response (their headers) and the scope's copy
   of the headers are dropped: nothing reads them again.
 
-Together about 5 KB a connection. The class keeps uvicorn's name: ws/frames.py writes straight to the
-transport of a protocol by that name. Use it with `uvicorn.Config(ws=WebSocketsSansIOProtocol)`.
+Together about 5 KB a connection. It is a subclass of uvicorn's, so ws/frames.py still writes straight
+to its transport (it checks for uvicorn's class). Use it with `uvicorn.Config(ws=WebSocketsSansIOProtocol)`.
 """
 
 from __future__ import annotations

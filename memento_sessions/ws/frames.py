@@ -16,6 +16,8 @@ import struct
 from collections.abc import Iterable
 from typing import Any
 
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
 from memento_sessions.redisio.fanout import per_message
 
 _BATCH_BYTES = 256 * 1024
@@ -54,7 +56,7 @@ class DirectWriter:
     def behind(cls, send: Any) -> DirectWriter | None:
         """A writer for this `send`, or None when it is not the protocol we know."""
         protocol = getattr(send, "__self__", None)
-        if protocol is None or type(protocol).__name__ != "WebSocketsSansIOProtocol":
+        if not isinstance(protocol, WebSocketsSansIOProtocol):  # uvicorn's, or the daemon's lighter subclass
             return None
         if not all(hasattr(protocol, name) for name in _NEEDED):
             return None
