@@ -27,7 +27,10 @@ def configure_logging(log_format: str | None = None, level: str = "info") -> Non
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),
         logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
-        cache_logger_on_first_use=True,
+        # Not cached: a logger keeps the chain configured now, so a later configure (a test's capture_logs, a
+        # command run in-process after another) would miss every module that had logged once. Logging is off
+        # the hot path (warnings, connections, passes), so a bind per call costs nothing measurable.
+        cache_logger_on_first_use=False,
     )
     # Libraries that use stdlib logging (uvicorn, mcp) go to stderr at warning and above.
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")

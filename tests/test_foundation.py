@@ -228,3 +228,19 @@ async def test_uvicorn_never_logs_a_websocket_token(daemon: Daemon, caplog: pyte
     accepted = [r.getMessage() for r in caplog.records if "[accepted]" in r.getMessage()]
     assert accepted and all("token=***" in line for line in accepted), accepted
     assert not any(secret in r.getMessage() for r in caplog.records)
+
+
+def test_a_logger_used_before_logging_is_configured_again_follows_the_new_configuration() -> None:
+    """With loggers cached on first use, a module that had logged once kept the chain of that moment: after a
+    command run in-process configured logging again, a test's capture_logs (or the new format) missed it. The
+    suite's one failure of this kind was the lease reaper's log after an in-process `ingest`."""
+    from structlog.testing import capture_logs
+
+    from memento_sessions.logs import configure_logging, get_logger
+
+    log = get_logger("tests.reconfigured")
+    log.debug("first use")  # below the level: dropped, but the logger was used
+    configure_logging("console", "warning")
+    with capture_logs() as entries:
+        log.warning("after the second configure")
+    assert [entry["event"] for entry in entries] == ["after the second configure"]
