@@ -69,14 +69,16 @@ async def lease_acquire(env: Env) -> Figure:
 
 async def defining_files(env: Env, count: int) -> list[tuple[str, list[str]]]:
     """`count` entities of the bench namespace's graph with the symbols each DEFINES (the generated codebase
-    is loaded first when the namespace has no graph: the bridge section loads it too), then a new graph
-    version, as a write through the daemon makes, so its coverage cache is current."""
+    is loaded first when the graph has too few: none yet, or only the checkpoint section's entities; the
+    bridge section loads it too), then a new graph version, as a write through the daemon makes, so its
+    coverage cache is current."""
     settings = load_settings(redis_url=env.redis_url, postgres_dsn=env.postgres_dsn, auth_secret="x" * 32)
     async with open_backends(settings, env.redis_url, env.postgres_dsn) as backends:
-        graphs = Graphs(backends)
-        if await graphs.existing(env.namespace) is None:
-            await upsert(await graphs.get(env.namespace), *parse_lines(json.dumps(r) for r in generate(count)))
-        rows = (await (await graphs.get(env.namespace)).ro_query(DEFINERS, {"limit": count})).result_set
+        graph = await Graphs(backends).get(env.namespace)
+        rows = (await graph.ro_query(DEFINERS, {"limit": count})).result_set
+        if len(rows) < count:
+            await upsert(graph, *parse_lines(json.dumps(r) for r in generate(count)))
+            rows = (await graph.ro_query(DEFINERS, {"limit": count})).result_set
     await env.redis.fcall("mc_graph_changed", 1, keys.lease_keys(env.namespace).fence, uuid.uuid4().hex)
     if len(rows) < count:
         raise RuntimeError(f"the bench graph has {len(rows)} files that define symbols, not {count}")
