@@ -11,7 +11,7 @@ daemon reloads and retries. So a grant never uses containment older than the las
 daemon. Writes that bypass every daemon (the CLI's `kg load` writes FalkorDB directly) are picked up when a
 cache is MAX_AGE old: the lease reaper's loop reloads the caches used lately once they are that old, so no
 acquire waits for that reload (on a 10,000-entity graph FalkorDB takes 100 to 200 ms over the edges; their
-rows are read as plain RESP, parsed by hiredis, not the falkordb package's per-cell Python parser, which
+rows are read in compact form by `Graphs.rows`, not the falkordb package's per-cell Python parser, which
 blocked the event loop for as long again). A cache twice MAX_AGE old (no reaper) is reloaded by the acquire.
 A namespace with more than MAX_EDGES containment edges is not cached: its acquires read their own entities'
 contents (the per-acquire read, the same answer).
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import anyio
 
 from memento_sessions import keys
-from memento_sessions.backends import translated
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.kg.graph import Graph, Graphs
 
@@ -114,13 +113,7 @@ class Coverage:
 
     async def _load(self, namespace: str) -> dict[str, list[str]] | None:
         assert self.graphs is not None
-        graph = await self.graphs.existing(namespace)
-        if graph is None:
-            return {}
-        with translated("falkordb"):
-            reply = await self.graphs.backends.falkordb.connection.execute_command("GRAPH.RO_QUERY", graph.name,
-                                                                                  CONTAINS)
-        rows = reply[1]  # [header, rows, statistics], each value as RESP gives it (ids are strings)
+        rows = await self.graphs.rows(namespace, CONTAINS, {})  # none without a graph
         if len(rows) > MAX_EDGES:
             return None
         inner: dict[str, list[str]] = {}
