@@ -81,7 +81,6 @@ class Gateway:
             if not self.accepting and not self.connections:
                 self.closed_all.set()
 
-
     async def _read_and_write(self, conn: Connection, receive: Receive) -> None:
         """The reader in a task of its own, the writer in this one: whichever ends first ends the other.
 
