@@ -23,19 +23,20 @@ from itertools import chain
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-import anyio
 import pydantic_core
 
-from memento_sessions.client import Client
-from memento_sessions.client.wire import MAX_FRAME
-from memento_sessions.errors import Conflict, RpcError
+from memento_sessions.cli_pipeline import Pipeline
+from memento_sessions.cli_wire import RpcFailure, WireError
+from memento_sessions.errors import Conflict
 from memento_sessions.ingest import FORMATS, LineReader
+from memento_sessions.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
     from memento_sessions.settings import Settings
 
 BATCH = 500  # events per event.emitBatch (the method's maximum)
 WINDOW = 4  # batches in flight: the next ones are converted while the daemon stores the previous
+TIMEOUT = 60.0  # seconds for a reply, or to regain a lost connection
 FRAME_BUDGET = MAX_FRAME - 64 * 1024  # bytes of one batch's events: room for the request around them
 SUFFIXES = (".jsonl", ".ndjson", ".json")
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: `$` would also pass a trailing newline
@@ -196,15 +197,15 @@ class Sender:
     """One input's batches into one session, WINDOW requests in flight on the one connection.
 
     The daemon answers a connection's requests one after the other, in the order they were sent, so the
-    events are stored in source order while the next batch is converted and encoded here.
+    events are stored in source order while the next batches are converted and encoded here.
     """
 
-    def __init__(self, client: Client, session_id: str, totals: Totals, show: Callable[[int], None]) -> None:
-        self.client, self.session_id, self.totals, self.show = client, session_id, totals, show
-        self.window = anyio.Semaphore(WINDOW)
+    def __init__(self, pipe: Pipeline, session_id: str, totals: Totals, show: Callable[[int], None]) -> None:
+        self.pipe, self.session_id, self.totals, self.show = pipe, session_id, totals, show
+        self.in_flight: dict[int, int] = {}  # request id -> events in its batch
         self.sent = 0
 
-    async def run(self, batches: Iterator[list[bytes]]) -> None:
+    def run(self, batches: Iterator[list[bytes]]) -> None:
         """Send every batch pipelined, once the session exists (an input without events creates none).
 
         The session is created up front rather than on a first batch's NotFound: a refused batch of 500
@@ -214,35 +215,36 @@ class Sender:
         first = next(batches, None)
         if first is None:
             return
-        await self.create()
-        async with anyio.create_task_group() as tg:
-            for batch in chain([first], batches):
-                await self.window.acquire()
-                tg.start_soon(self.pipelined, batch)
+        self.create()
+        head = b'{"sessionId":%b,"events":[' % json.dumps(self.session_id).encode()
+        for batch in chain([first], batches):
+            if len(self.in_flight) >= WINDOW:
+                self.settle()
+            self.in_flight[self.pipe.send("event.emitBatch", head + b",".join(batch) + b"]}")] = len(batch)
+        while self.in_flight:
+            self.settle()
 
-    async def create(self) -> None:
+    def create(self) -> None:
         """The session, unless it exists (a re-ingest, an earlier input, someone else); a full namespace fails
         the input."""
         try:
-            await self.client.call("session.create", {"sessionId": self.session_id})
-        except Conflict as exc:
-            if isinstance(exc.data, dict) and exc.data.get("reason"):  # a bound (namespace_full), not "exists"
-                raise
+            self.pipe.call("session.create", {"sessionId": self.session_id})
+        except RpcFailure as exc:
+            if exc.code != Conflict.code or (isinstance(exc.data, dict) and exc.data.get("reason")):
+                raise  # a bound (namespace_full), not "exists"
 
-    async def pipelined(self, batch: list[bytes]) -> None:
-        try:
-            await self.emit(batch)
-        except RpcError as exc:  # refused (session full, invalid): named in the summary, the rest goes on
-            self.totals.failed.append(f"{self.session_id}: {len(batch)} events refused: {exc.message} ({exc.code})")
-        finally:
-            self.window.release()
-
-    async def emit(self, batch: list[bytes]) -> None:
-        result = await self.client.emit_batch_encoded(self.session_id, batch)  # retried: every event has an id
+    def settle(self) -> None:
+        """The next batch's reply counted; a refused batch (session full, invalid) is named in the summary and
+        the rest goes on."""
+        request_id, result = self.pipe.reply()
+        count = self.in_flight.pop(request_id)
+        if isinstance(result, RpcFailure):
+            self.totals.failed.append(f"{self.session_id}: {count} events refused: {result}")
+            return
         duplicates = len(result.get("duplicates", []))
         self.totals.already += duplicates
-        self.totals.written += len(batch) - duplicates
-        self.sent += len(batch)
+        self.totals.written += count - duplicates
+        self.sent += count
         self.show(self.sent)
 
 
@@ -253,7 +255,7 @@ def read_input(name: str) -> list[bytes]:
     return data.split(b"\n")
 
 
-async def ingest(client: Client, names: list[str], args: argparse.Namespace, progress: Progress) -> Totals:
+def ingest(pipe: Pipeline, names: list[str], args: argparse.Namespace, progress: Progress) -> Totals:
     """Every input converted and sent; an input that cannot be read or sent is named in `failed`."""
     totals = Totals()
     for name in names:
@@ -267,11 +269,11 @@ async def ingest(client: Client, names: list[str], args: argparse.Namespace, pro
             totals.failed.append(f"{name}: no session id (pass --session)")
             continue
         reader = LineReader(args.format, args.project_root, parse_fast, encode_fast)
-        sender = Sender(client, session_id, totals, partial(progress.show, name, totals=totals))
+        sender = Sender(pipe, session_id, totals, partial(progress.show, name, totals=totals))
         try:
-            await sender.run(batches(event for line in lines for event in reader.feed_encoded(line)))
-        except RpcError as exc:
-            totals.failed.append(f"{name}: {exc.message} ({exc.code})")
+            sender.run(batches(event for line in lines for event in reader.feed_encoded(line)))
+        except (RpcFailure, WireError) as exc:
+            totals.failed.append(f"{name}: {exc}")
         stats = reader.finish()
         totals.inputs += 1
         totals.records += stats.records
@@ -314,9 +316,6 @@ def quick_main(argv: list[str]) -> int | None:
     data_dir = args.data_dir or os.environ.get("MEMENTO_DATA_DIR")
     if not token or not (args.url or os.environ.get("MEMENTO_URL") or data_dir):
         return None
-    from memento_sessions.logs import configure_logging
-
-    configure_logging()
     return run(args, token, Path(data_dir or ".memento"))
 
 
@@ -328,11 +327,14 @@ def run(args: argparse.Namespace, token: str | None, data_dir: Path) -> int:
         print(f"memento-sessions ingest: no {missing}", file=sys.stderr)
         return 2
     names = expand(args.files)
-
-    async def send() -> Totals:
-        async with Client(url, token, reconnect=True, request_timeout=60.0) as client:
-            return await ingest(client, names, args, Progress(sys.stderr, len(names)))
-
-    totals = anyio.run(send)
+    try:
+        pipe = Pipeline(url, token, TIMEOUT)
+    except WireError as exc:
+        print(f"memento-sessions ingest: cannot connect to {url}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        totals = ingest(pipe, names, args, Progress(sys.stderr, len(names)))
+    finally:
+        pipe.close()
     print(totals.line())
     return 1 if totals.failed else 0

@@ -13,9 +13,10 @@ import math
 import re
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 Event = dict[str, Any]
+T = TypeVar("T")
 Encoder = Callable[[Any], bytes]  # a value as compact UTF-8 JSON; ValueError or TypeError for what has no JSON form
 
 MAX_DATA_BYTES = 16 * 1024
@@ -90,42 +91,49 @@ class Converter:
 
     def feed(self, record: Any) -> list[Event]:
         """The unified events of one source record (a parsed JSON value), counted in `stats`."""
-        return [event for event, _ in self._checked(record)]
+        return self._each(record, self._checked)
 
     def feed_encoded(self, record: Any) -> list[bytes]:
-        """`feed`'s events as compact JSON by `encode`, each `data` encoded once: the text its check made is
-        spliced in, not encoded again (a sender joins these bytes into its request as they are)."""
-        out = []
-        for event, text in self._checked(record):
-            if text is None:
-                out.append(self.encode(event))
-                continue
-            data = event.pop("data")  # the event without its data is a few small keys: cheap to encode
-            out.append(self.encode(event)[:-1] + b',"data":' + text + b"}")
-            event["data"] = data
-        return out
+        """`feed`'s events as compact JSON by `encode` (a sender joins these bytes into its request as they are)."""
+        return self._each(record, self._encoded)
 
-    def _checked(self, record: Any) -> list[tuple[Event, bytes | None]]:
-        """The events of one record, each with its `data` checked and that data's encoding (None: no data)."""
+    def _each(self, record: Any, finish: Callable[[Event], T]) -> list[T]:
+        """`finish` of each event of one record; none for a record that is not an object or that fails to
+        convert (counted as skipped)."""
         self.stats.records += 1
         if not isinstance(record, dict):
             self.stats.skip("not_an_object")
             return []
         try:
-            events = self.convert(record)
-            out: list[tuple[Event, bytes | None]] = []
-            for event in events:
-                if "data" in event:
-                    event["data"], text = checked_text(self.stats, event["data"], self.encode)
-                    out.append((event, text))
-                else:
-                    out.append((event, None))
+            out = [finish(event) for event in self.convert(record)]
         except (TypeError, ValueError, AttributeError, KeyError) as error:
             # A field of an unexpected type deep in a record: that record is skipped, never the stream.
             self.stats.skip(f"malformed:{type(error).__name__}")
             return []
-        self.stats.events += len(events)
+        self.stats.events += len(out)
         return out
+
+    def _checked(self, event: Event) -> Event:
+        """The event with its `data` checked (see `checked_text`)."""
+        if "data" in event:
+            event["data"] = checked(self.stats, event["data"], self.encode)
+        return event
+
+    def _encoded(self, event: Event) -> bytes:
+        """The event as compact JSON, encoded once in the usual case.
+
+        It is encoded whole first: when that text shows nothing `checked_text` would change (see `plain`), its
+        data needs no check of its own. Otherwise the data is checked and the encoding that check made is
+        spliced in, not encoded again.
+        """
+        try:
+            text = self.encode(event)
+        except (TypeError, ValueError):  # NaN to a strict encoder, or a value JSON has no form for
+            text = b""
+        if "data" not in event or plain(text):
+            return text
+        event["data"], data_text = checked_text(self.stats, event.pop("data"), self.encode)
+        return self.encode({**event, "data": None})[:-len(b"null}")] + data_text + b"}"
 
     def convert(self, record: dict[str, Any]) -> list[Event]:
         """The events of one record; subclasses dispatch on the record's type."""
@@ -203,10 +211,16 @@ def checked_text(stats: Stats, data: dict[str, Any], encode: Encoder = strict_js
         text = encode(data)
     except (TypeError, ValueError):  # NaN or Infinity (to a strict encoder), or a value JSON has no form for
         text = b""
-    if not text or b"\\u0000" in text or len(text) > DATA_BUDGET or _SUSPECT.search(text):
+    if not plain(text):
         data = fit(stats, clean(data))
         return data, encode(data)
     return data, text
+
+
+def plain(text: bytes) -> bool:
+    """True when a value's encoding shows nothing `clean` or `fit` would change: not empty (it encoded), no
+    NUL, nothing that may be NaN, Infinity or a number beyond 1e12, within DATA_BUDGET bytes."""
+    return bool(text) and len(text) <= DATA_BUDGET and b"\\u0000" not in text and not _SUSPECT.search(text)
 
 
 def clean(value: Any) -> Any:
