@@ -3,6 +3,7 @@ view, bridge.transitions on real activity, and the client's live reducer against
 
 from __future__ import annotations
 
+import _socket
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
+from memento_sessions.cli_pipeline import Pipeline
 from memento_sessions.client import Client
 from memento_sessions.client.conversation import LiveConversation, load_conversation
 from memento_sessions.endpoints import Endpoints
@@ -247,6 +249,41 @@ async def test_an_input_without_events_creates_no_session_and_a_second_input_joi
         with pytest.raises(NotFound):
             await client.get("nothing-here")
         assert (await client.get("joined"))["session"]["seq"] == 5
+
+
+async def test_the_pipeline_sends_what_a_lost_connection_left_unanswered_again_and_it_is_stored_once(
+        daemon: Daemon, namespace: str) -> None:
+    def batch(*ids: str) -> bytes:
+        return json.dumps({"sessionId": "lost", "events": [{"id": eid, "type": "modified"} for eid in ids]}).encode()
+
+    def lose_a_connection() -> list[tuple[int, Any]]:
+        pipe = Pipeline(url(daemon), token("ingester", namespace), 10.0)
+        try:
+            pipe.call("session.create", {"sessionId": "lost"})
+            sent = [pipe.send("event.emitBatch", batch("e1", "e2")), pipe.send("event.emitBatch", batch("e3"))]
+            lost = pipe.wire
+            lost.sock.shutdown(_socket.SHUT_RDWR)  # gone with both requests unanswered here
+            replies = [pipe.reply(), pipe.reply()]
+            assert pipe.wire is not lost and [request_id for request_id, _ in replies] == sent
+            assert pipe.unanswered == {}
+            return replies
+        finally:
+            pipe.close()
+
+    replies = await anyio.to_thread.run_sync(lose_a_connection)
+    # Whether the daemon stored the batches before the connection went or only after they were sent again,
+    # each event is there once, in order.
+    assert [result["seqs"] for _, result in replies] == [[1, 2], [3]]
+    async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
+        assert [event["id"] async for event in client.iter_events("lost")] == ["e1", "e2", "e3"]
+
+
+async def test_a_daemon_that_cannot_be_reached_fails_the_run_in_one_line(namespace: str) -> None:
+    env = {**os.environ, "MEMENTO_TOKEN": token("ingester", namespace), "MEMENTO_URL": "ws://127.0.0.1:9/ws"}
+    done = await anyio.run_process([*CLI, "ingest", str(FIXTURES / "spotter_tool_heavy.jsonl")], env=env,
+                                   check=False)
+    assert done.returncode == 1 and done.stdout == b""
+    assert done.stderr.decode().startswith("memento-sessions ingest: cannot connect to ws://127.0.0.1:9/ws: ")
 
 
 def test_the_progress_bar_on_a_terminal_counts_inputs_and_events() -> None:
