@@ -87,15 +87,23 @@ class Registry:
 
     async def call(self, call: Call, name: str, raw_params: Any, request_id: Any = None) -> Result:
         """Validate and run one method; raises RpcError subclasses (a backend failure as a clean -32050)."""
+        method, params = self.resolve(call, name, raw_params)
+        return await self.run(call, method, params, request_id)
+
+    def resolve(self, call: Call, name: str, raw_params: Any) -> tuple[Method[Any], Any]:
+        """The method and its validated params; MethodNotFound, Forbidden or InvalidParams. No I/O."""
         method = self.methods.get(name)
         if method is None:
             raise MethodNotFound(f"unknown method {name!r}", {"method": name})
         call.identity.require(method.scope)
-        params = validate(method.params, raw_params)
+        return method, validate(method.params, raw_params)
+
+    async def run(self, call: Call, method: Method[Any], params: Any, request_id: Any = None) -> Result:
+        """A resolved method's result; a backend failure raised as a clean -32050."""
         try:
             return await method.handler(call, params)
         except FAILURES as exc:
-            raise unavailable(exc, call, name, request_id) from None
+            raise unavailable(exc, call, method.name, request_id) from None
 
 
 # The one place a backend failure becomes what a client sees. Driver messages name hosts, ports and
@@ -183,20 +191,48 @@ def encode_notification(method: str, params: Result) -> bytes:
     return pydantic_core.to_json({"jsonrpc": "2.0", "method": method, "params": params})
 
 
-async def handle_frame(registry: Registry, call: Call, frame: str | bytes,
-                       bucket: TokenBucket | None = None) -> bytes | None:
-    """One request frame in, one response frame out (None for a notification); `bucket` rate-limits."""
+@dataclass(slots=True)
+class Request:
+    """A request frame made ready to run (parsed, rate-limited, its method resolved and params validated), or
+    the error it gets instead of running."""
+
+    message: dict[str, Any]
+    method: Method[Any] | None = None
+    params: Any = None
+    error: RpcError | None = None
+
+
+def prepare(registry: Registry, call: Call, frame: str | bytes, bucket: TokenBucket | None = None) -> Request:
+    """All of a request that needs no backend: CPU only, so a transport may prepare the next frame while the
+    request before it awaits its backend (the requests still run in order)."""
     message: dict[str, Any] = {"id": None}
     try:
         message = parse(frame)
         if bucket is not None:
             bucket.take()
-        result = await registry.call(call, message["method"], message.get("params"), message.get("id"))
+        method, params = registry.resolve(call, message["method"], message.get("params"))
     except RpcError as exc:
-        error = exc
+        return Request(message, error=exc)
     except Exception:
         log.exception("method failed", agent_id=call.identity.agent_id)
-        error = RpcError("internal error")
+        return Request(message, error=RpcError("internal error"))
+    return Request(message, method, params)
+
+
+async def answer(registry: Registry, call: Call, request: Request) -> bytes | None:
+    """The response frame of a prepared request (None for a notification)."""
+    message = request.message
+    if request.method is None or request.error is not None:
+        error = request.error or RpcError("internal error")
     else:
-        return encode_result(message["id"], result) if "id" in message else None
+        try:
+            result = await registry.run(call, request.method, request.params, message.get("id"))
+        except RpcError as exc:
+            error = exc
+        except Exception:
+            log.exception("method failed", agent_id=call.identity.agent_id)
+            error = RpcError("internal error")
+        else:
+            return encode_result(message["id"], result) if "id" in message else None
     return encode_error(message["id"], error) if "id" in message else None
+

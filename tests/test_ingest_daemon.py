@@ -278,6 +278,37 @@ async def test_the_pipeline_sends_what_a_lost_connection_left_unanswered_again_a
         assert [event["id"] async for event in client.iter_events("lost")] == ["e1", "e2", "e3"]
 
 
+async def test_batches_pipelined_behind_large_ones_are_answered_in_order_a_bad_one_with_its_error(
+        daemon: Daemon, namespace: str) -> None:
+    """Behind a frame of 64 KiB or more the daemon prepares the next request while the first one runs; each
+    still runs after the one before it: results, errors and the stored order are those of one at a time."""
+    def batch(prefix: str, count: int, bad: bool = False) -> bytes:
+        events: list[dict[str, Any]] = [{"id": f"{prefix}{i}", "type": "modified", "data": {"pad": "x" * 200}}
+                                        for i in range(count)]
+        if bad:
+            events[-1]["type"] = ""  # one invalid event refuses the whole batch
+        return json.dumps({"sessionId": "ahead", "events": events}).encode()
+
+    def pipelined() -> list[Any]:
+        pipe = Pipeline(url(daemon), token("ingester", namespace), 10.0)
+        try:
+            pipe.call("session.create", {"sessionId": "ahead"})
+            frames = [batch("a", 400), batch("c", 400, bad=True), batch("b", 400), batch("d", 2)]
+            assert [len(frame) >= 64 * 1024 for frame in frames] == [True, True, True, False]
+            sent = [pipe.send("event.emitBatch", frame) for frame in frames]
+            sent.append(pipe.send("session.get", b'{"sessionId":"ahead"}'))
+            replies = [pipe.reply() for _ in sent]
+            assert [request_id for request_id, _ in replies] == sent
+            return [result for _, result in replies]
+        finally:
+            pipe.close()
+
+    first, refused, second, third, got = await anyio.to_thread.run_sync(pipelined)
+    assert first["seqs"] == list(range(1, 401)) and second["seqs"] == list(range(401, 801))
+    assert third["seqs"] == [801, 802] and got["session"]["seq"] == 802
+    assert refused.code == -32602 and any("events.399" in error["field"] for error in refused.data)
+
+
 async def test_a_daemon_that_cannot_be_reached_fails_the_run_in_one_line(namespace: str) -> None:
     env = {**os.environ, "MEMENTO_TOKEN": token("ingester", namespace), "MEMENTO_URL": "ws://127.0.0.1:9/ws"}
     done = await anyio.run_process([*CLI, "ingest", str(FIXTURES / "spotter_tool_heavy.jsonl")], env=env,
