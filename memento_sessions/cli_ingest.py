@@ -17,11 +17,10 @@ import re
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 import pydantic_core
 
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
 
 BATCH = 500  # events per event.emitBatch (the method's maximum)
 WINDOW = 4  # batches in flight: the next ones are converted while the daemon stores the previous
+CHUNK = 1 << 20  # bytes of an input read at a time
 TIMEOUT = 60.0  # seconds for a reply, or to regain a lost connection
 FRAME_BUDGET = MAX_FRAME - 64 * 1024  # bytes of one batch's events: room for the request around them
 SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -76,17 +76,16 @@ def _session_id(value: str) -> str:
     return value
 
 
-@dataclass
 class Totals:
-    """What the run did, over every input."""
+    """What the run did, over every input (a plain class: importing dataclasses, and inspect with it, costs
+    the command's start more than the rest of its own modules)."""
 
-    inputs: int = 0
-    records: int = 0
-    written: int = 0
-    already: int = 0  # events the session held already (a re-ingest)
-    capped: int = 0
-    skipped: Counter[str] = field(default_factory=Counter)
-    failed: list[str] = field(default_factory=list)
+    def __init__(self, written: int = 0, already: int = 0) -> None:
+        self.inputs = self.records = self.capped = 0
+        self.written = written
+        self.already = already  # events the session held already (a re-ingest)
+        self.skipped: Counter[str] = Counter()
+        self.failed: list[str] = []
 
     def line(self) -> str:
         """The summary line of the run."""
@@ -248,11 +247,25 @@ class Sender:
         self.show(self.sent)
 
 
-def read_input(name: str) -> list[bytes]:
+def read_input(name: str) -> Iterator[bytes]:
     """The input's lines as bytes, cut at newlines only: JSON text may hold a raw U+2028 or NEL, where
-    str.splitlines would cut a record in two; parsing bytes also spares decoding them first."""
-    data = sys.stdin.buffer.read() if name == "-" else Path(name).read_bytes()
-    return data.split(b"\n")
+    str.splitlines would cut a record in two; parsing bytes also spares decoding them first. Read a chunk
+    at a time, so the daemon stores the first batches while the rest is read; OSError at once when the
+    file cannot be opened."""
+    return _lines(sys.stdin.buffer) if name == "-" else _lines(open(name, "rb"), close=True)
+
+
+def _lines(stream: BinaryIO, close: bool = False) -> Iterator[bytes]:
+    try:
+        rest = b""
+        while chunk := stream.read(CHUNK):
+            lines = (rest + chunk).split(b"\n")
+            rest = lines.pop()  # the start of a line the next chunk ends
+            yield from lines
+        yield rest
+    finally:
+        if close:
+            stream.close()
 
 
 def ingest(pipe: Pipeline, names: list[str], args: argparse.Namespace, progress: Progress) -> Totals:
@@ -261,19 +274,22 @@ def ingest(pipe: Pipeline, names: list[str], args: argparse.Namespace, progress:
     for name in names:
         try:
             lines = read_input(name)
+            head = list(islice(lines, 50))  # where the session id is looked for
         except OSError as exc:
             totals.failed.append(f"{name}: {exc.strerror or exc}")
             continue
-        session_id = args.session or session_of(lines, name)
+        session_id = args.session or session_of(head, name)
         if session_id is None:
             totals.failed.append(f"{name}: no session id (pass --session)")
             continue
         reader = LineReader(args.format, args.project_root, parse_fast, encode_fast)
         sender = Sender(pipe, session_id, totals, partial(progress.show, name, totals=totals))
         try:
-            sender.run(batches(event for line in lines for event in reader.feed_encoded(line)))
+            sender.run(batches(event for line in chain(head, lines) for event in reader.feed_encoded(line)))
         except (RpcFailure, WireError) as exc:
             totals.failed.append(f"{name}: {exc}")
+        except OSError as exc:  # the input failed part way
+            totals.failed.append(f"{name}: {exc.strerror or exc}")
         stats = reader.finish()
         totals.inputs += 1
         totals.records += stats.records

@@ -277,6 +277,18 @@ def test_the_ingest_commands_fast_parser_and_encoder_give_the_same_events_as_the
     assert encoded.finish().as_dict() == slow.finish().as_dict()
 
 
+def test_an_input_read_a_chunk_at_a_time_gives_the_lines_one_read_would(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from memento_sessions import cli_ingest
+
+    path = tmp_path / "t.jsonl"
+    for data in (b'{"a": 1}\n\n{"b": "x\xe2\x80\xa8y"}\r\n{"c"', b'{"a": 1}\n{"b": 2}\n', b"", b"\n\n"):
+        path.write_bytes(data)
+        for chunk in (1, 2, 3, 7, 1 << 20):
+            monkeypatch.setattr(cli_ingest, "CHUNK", chunk)
+            assert list(cli_ingest.read_input(str(path))) == data.split(b"\n"), (data, chunk)
+
+
 def test_the_ingest_command_cuts_lines_at_newlines_only_and_reads_bad_utf8_as_replacement_chars(
         tmp_path: Path) -> None:
     """`memento-sessions ingest` reads bytes: a raw U+2028 or NEL inside a JSON string (where str.splitlines cuts)
@@ -288,7 +300,7 @@ def test_the_ingest_command_cuts_lines_at_newlines_only_and_reads_bad_utf8_as_re
     broken = json.dumps(record("user", "u2", "raw BYTE")).encode().replace(b"BYTE", b"\xff")
     path = tmp_path / "t.jsonl"
     path.write_bytes(first + b"\r\n\xc2\xa0\n" + broken + b"\n{\"trunc\n\n")
-    raw = read_input(str(path))
+    raw = list(read_input(str(path)))
     assert len(raw) == 6  # the record, a blank line (NBSP), the broken one, the truncated one, two empty
     reader = LineReader("claude-code", parse=parse_fast, encode=encode_fast)
     events = [json.loads(event) for line in raw for event in reader.feed_encoded(line)]

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from memento_sessions.ingest.claude_code import ClaudeCodeTranscript
 from memento_sessions.ingest.claude_hooks import ClaudeHooks
@@ -22,8 +21,7 @@ FORMATS: dict[str, type[Converter]] = {"claude-code": ClaudeCodeTranscript, "str
 _TRANSCRIPT_ONLY = frozenset({"file-history-snapshot", "queue-operation", "progress", "summary"})
 
 
-@dataclass
-class Conversion:
+class Conversion(NamedTuple):
     """The events of a whole input and the counts of what was read, made, skipped and capped."""
 
     events: list[Event]
