@@ -2,9 +2,10 @@
 throughput with 1,000 live leases, each beside a floor of bare redis-py doing the same Redis work.
 
 - lease acquire: one `lease.acquire` of a file of the generated codebase graph (exclusive, so also of the 1 to
-  3 symbols it DEFINES: the coverage path) over WebSocket, sequential, each a file of its own; the floor is
-  redis-py's FCALL mc_acquire with the same keys and arguments, the symbols included (the daemon expands
-  coverage from its cached containment, checked by the graph version inside that call: no other call).
+  3 symbols it DEFINES: the coverage path) over WebSocket, sequential, each a file of its own, from a lean
+  client; the floor is FCALL mc_acquire with the same keys and arguments, the symbols included, from a
+  lean one too (the daemon expands coverage from its cached containment, checked by the graph version
+  inside that call: no other call).
 - mailbox live: from one agent's `mailbox.send` to the recipient's `mailbox.message` frame, both connected
   to the daemon; the floor is redis-py's FCALL mc_send + PUBLISH to a redis-py subscriber.
 - mailbox throughput: 16 senders at once to one connected recipient, counted where it arrives; the floor
@@ -32,6 +33,8 @@ from memento_sessions.coordination.coverage import GRAPH_FIELD
 from memento_sessions.kg.fixture import generate
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.kg.loader import parse_lines, upsert
+from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.sessions.manager import now_ms
 from memento_sessions.settings import load_settings
 
 SENDERS = 16
@@ -39,32 +42,74 @@ DEFINERS = "MATCH (f:CodebaseEntity)-[:DEFINES]->(s) RETURN f.id, collect(s.id) 
 
 
 async def lease_acquire(env: Env) -> Figure:
-    """p99 of lease.acquire of a file (and so the symbols it DEFINES) over WebSocket beside the bare FCALL."""
+    """p99 of lease.acquire of a file (and so the symbols it DEFINES) over WebSocket beside the bare FCALL.
+
+    Both sides use lean clients with every request built before the clock starts: one masked frame per
+    call (receivers.LeanCaller) and the Pipe without its spin for the FCALL. The full websockets client
+    took 0.3-0.4 ms of this process's CPU per call, and on two vCPUs that CPU competes with the daemon and
+    Redis under measurement (their run-queue waits, /proc/<pid>/schedstat, grew with it); redis-py
+    took about 0.1 ms. Each reply is checked after the clock stops.
+    """
     count = 300 if env.quick else 2000
     run = uuid.uuid4().hex[:8]
     files = await defining_files(env, 2 * count + 1)  # the floor leases other files: no conflict refuses it
     await quiet(env)  # a graph load just now may have grown the AOF past a rewrite
-    async with ws(env, f"leaser-{run}") as rpc:
-        warm = await rpc.call("lease.acquire", {"entityIds": [files[0][0]], "ttl": 60})  # loads the coverage cache
+    caller = await upgraded(env.port, env.token(f"leaser-{run}"), LeanCaller)
+    try:
+        warm = granted(await caller.call(acquire_frame(files[0][0], 0)))  # loads the coverage cache
         if sorted(warm["covers"]) != sorted(files[0][1]):
             raise RuntimeError(f"the lease covers {warm['covers']}, not the file's symbols {files[0][1]}")
-        ours = await timed(count, lambda i: rpc.call("lease.acquire", {"entityIds": [files[i + 1][0]], "ttl": 60}))
-    lkeys = keys.lease_keys(env.namespace).all()
-    version = await env.redis.hget(keys.lease_keys(env.namespace).fence, GRAPH_FIELD) or ""
+        frames = [acquire_frame(file, i + 1) for i, (file, _) in enumerate(files[1:count + 1])]
+        replies: list[bytes] = []
 
-    async def bare(i: int) -> Any:
-        now = time.time_ns() // 1_000_000
-        tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
-        file, symbols = files[count + 1 + i]
-        pairs = [item for symbol in symbols for item in (symbol, file)]
-        return await env.redis.fcall("mc_acquire", 6, *lkeys, now, f"floor-{run}", f"floor-{run}-{i}", "exclusive",
-                                     60_000, 10_000_000, tail, version, file, "", *pairs)
+        async def one(i: int) -> None:
+            replies.append(await caller.call(frames[i]))
 
-    floor = await timed(count, bare)
+        ours = await timed(count, one, remote=True)
+    finally:
+        assert caller.transport is not None
+        caller.transport.close()
+    for reply in replies:
+        granted(reply)
+    floor = await _bare_acquires(env, run, files[count + 1:])
     covered = sum(len(symbols) for _, symbols in files) / len(files)
     return Figure("lease.acquire of a file and its symbols, over WebSocket", "ms p99", pct(ours, 0.99),
                   pct(floor, 0.99), Target.below_ms(2), higher_is_better=False,
                   extra=latency_extra(ours, floor) | {"symbols_per_file": covered})
+
+
+def acquire_frame(file: str, request_id: int) -> bytes:
+    """The masked request frame of an exclusive lease.acquire of `file` for 60 s."""
+    return masked_frame(0x1, json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "lease.acquire",
+                                         "params": {"entityIds": [file], "ttl": 60}}).encode())
+
+
+def granted(reply: bytes) -> dict[str, Any]:
+    """A lease.acquire reply's result; raises unless the lease was granted."""
+    result = json.loads(reply).get("result")
+    if not isinstance(result, dict) or not result.get("granted"):
+        raise RuntimeError(f"lease.acquire was not granted: {reply[:300]!r}")
+    return result
+
+
+async def _bare_acquires(env: Env, run: str, files: list[tuple[str, list[str]]]) -> list[float]:
+    """FCALL mc_acquire of each file with its symbols, as the daemon sends it, over a Pipe that sleeps
+    until each reply; the arguments but the clock are built before the clock starts."""
+    lkeys = keys.lease_keys(env.namespace).all()
+    version = str(await env.redis.hget(keys.lease_keys(env.namespace).fence, GRAPH_FIELD) or "")
+    calls: list[list[str | int]] = []
+    for i, (file, symbols) in enumerate(files):
+        tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
+        pairs = [item for symbol in symbols for item in (symbol, file)]
+        calls.append([f"floor-{run}", f"floor-{run}-{i}", "exclusive", 60_000, 10_000_000, tail, version, file,
+                      "", *pairs])
+    pipe = Pipe(env.redis_url, 0)
+    try:
+        samples = await timed(len(calls), lambda i: pipe.call("FCALL", "mc_acquire", 6, *lkeys, now_ms(), *calls[i]),
+                              remote=True)
+    finally:
+        pipe.close()
+    return samples
 
 
 async def defining_files(env: Env, count: int) -> list[tuple[str, list[str]]]:
@@ -105,9 +150,9 @@ async def _live_latency(env: Env, conn: Any, recipient: str, count: int) -> Figu
                 del frame
             await rpc.ws.recv()  # the sender's reply, sent before or after the push
 
-        ours = await timed(count, one)
+        ours = await timed(count, one, remote=True)
     async with ws(env, recipient) as reader:  # an inbox fetch of 20 messages, for docs/peers.md
-        reads = await timed(count, lambda _: reader.call("mailbox.read", {"limit": 20}))
+        reads = await timed(count, lambda _: reader.call("mailbox.read", {"limit": 20}), remote=True)
     floor = await _bare_latency(env, count)
     return Figure("mailbox.send to live mailbox.message", "ms p99", pct(ours, 0.99), pct(floor, 0.99),
                   Target.below_ms(5), higher_is_better=False,
@@ -128,7 +173,7 @@ async def _bare_latency(env: Env, count: int) -> list[float]:
             while (await sub.get_message(timeout=1.0)) is None:
                 pass
 
-        return await timed(count, one)
+        return await timed(count, one, remote=True)
 
 
 def until(ttl: int = 600) -> int:
