@@ -82,5 +82,5 @@ def test_ingest_into_an_unreachable_daemon_says_so_in_one_line(tmp_path: Path, m
     monkeypatch.setenv("MEMENTO_TOKEN", "any")
     assert main(["ingest", "--url", "ws://127.0.0.1:1/ws", str(transcript)]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("memento-sessions: cannot connect:") and "Traceback" not in err
+    assert err.startswith("memento-sessions ingest: cannot connect to ws://127.0.0.1:1/ws:") and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
