@@ -122,8 +122,7 @@ class Fanout:
             for listener in tuple(self.listeners.get(reply[1], ())):
                 listener.on_message(data)
         elif kind in ("subscribe", "ssubscribe"):
-            if reply[1] in self.listeners:  # else its last listener left before Redis confirmed it: keep nothing
-                self._confirmed.setdefault(reply[1], anyio.Event()).set()
+            self._confirmed.setdefault(reply[1], anyio.Event()).set()
             if reply[1] == self.control and self._catch_up:
                 self._catch_up = False
                 self._catch_up_all()
