@@ -339,6 +339,23 @@ async def test_keepalive_pings_each_peer_every_interval_and_closes_one_that_stop
         writer.close()
 
 
+async def test_requests_written_at_once_are_all_answered_in_order_and_reading_resumes(daemon: Daemon,
+                                                                                      namespace: str) -> None:
+    """The daemon pauses reading a connection only while a message waits for its reader (server/websocket.py):
+    300 requests in one write (one bad) are answered in order, and the connection reads on afterwards."""
+    reader, writer = await raw_client(daemon.port, token("flooder", namespace), rcvbuf=65536)
+    listing = {"entityId": "file:nothing-here.py"}
+    writer.write(b"".join(masked(request("no.such" if i == 150 else "lease.list", listing, i)) for i in range(300)))
+    with anyio.fail_after(20):
+        replies = [json.loads((await server_frame(reader))[1]) for _ in range(300)]
+        assert [reply["id"] for reply in replies] == list(range(300))
+        assert replies[150]["error"]["code"] == -32601 and replies[0]["result"]["leases"] == []
+        for i in range(300, 305):  # one at a time: each is read with nothing queued before it
+            writer.write(masked(request("lease.list", listing, i)))
+            assert json.loads((await server_frame(reader))[1])["id"] == i
+    writer.close()
+
+
 def readers() -> list[asyncio.Task[Any]]:
     """The connections' reader tasks (ws/gateway.py runs one per connection beside its writer)."""
     return [task for task in asyncio.all_tasks() if getattr(task.get_coro(), "__qualname__", "") == "Gateway._read"]

@@ -85,6 +85,18 @@ class WebSocketsSansIOProtocol(sansio.WebSocketsSansIOProtocol):
         self.queue: Any = Inbox()
         self.writable: Any = Flag()
 
+    def send_receive_event_to_app(self) -> None:
+        """uvicorn's, pausing reading only when a message is already queued for the reader.
+
+        uvicorn pauses reading at every message and resumes it when the reader takes it: two epoll changes (two
+        io_uring_enter calls under uvloop) per request of a client that waits for each reply. With the reader
+        waiting, the message is handed over and reading stays on; a message arriving while one is still queued
+        pauses it as before, so what is queued stays within one read. `read_paused` is uvicorn's flag: True makes
+        it skip the pause, and its `receive` then resumes a transport that is reading, which does nothing.
+        """
+        self.read_paused = self.queue.empty()
+        super().send_receive_event_to_app()
+
     async def send(self, message: Any) -> None:
         await super().send(message)
         if message["type"] == "websocket.accept" and self.handshake_complete:
