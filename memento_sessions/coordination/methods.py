@@ -24,6 +24,7 @@ from pydantic import (
 
 from memento_sessions.auth import MAX_ROLES, ROLE
 from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.coordination.alerts import touched
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
@@ -157,23 +158,29 @@ def wrap(registry: Registry, name: str, make: Callable[[Handler], Handler]) -> N
 
 
 def hook(registry: Registry, coord: Coordination) -> None:
-    """Wrap the methods coordination must see: every call (activity), presence moves, emits, handoff."""
+    """Wrap the methods coordination must see: every call (activity), presence moves, emits, handoff.
+
+    Each method gets one wrapper: the emit's notes the caller's activity itself, the others are wrapped in
+    activity_hook around their own. A layer is a coroutine and an await per request (event.emit had two).
+    """
     for name in ("session.join", "session.subscribe"):
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=True))
     for name in ("session.leave", "session.unsubscribe"):
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=False))
-    wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
     wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
     wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
     for name in [name for name, method in registry.methods.items() if method.scope == "kg:write"]:
         wrap(registry, name, lambda inner: graph_write_hook(coord, inner))
     for name in list(registry.methods):
-        wrap(registry, name, lambda inner: activity_hook(coord, inner))
+        if name != "event.emit":
+            wrap(registry, name, lambda inner: activity_hook(coord, inner))
+    wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
 
 
 def activity_hook(coord: Coordination, inner: Handler) -> Handler:
     async def handler(call: Call, params: Any) -> Result:
-        await coord.seen(call)
+        if coord.presence.touch(call) is None:  # a known connection's request needs no await here
+            await coord.unknown(call)
         return await inner(call, params)
     return handler
 
@@ -209,7 +216,12 @@ async def write_fenced(coord: Coordination, call: Call, session_id: str, events:
 
 
 def emit_hook(coord: Coordination, inner: Handler) -> Handler:
+    """The emit's one wrapper: activity (as activity_hook), fencing, then conflicts reported and alerted."""
     async def handler(call: Call, params: Any) -> Result:
+        if coord.presence.touch(call) is None:
+            await coord.unknown(call)
+        if not touched(params.event):  # nothing a lease could conflict with: no check, no task
+            return await write_fenced(coord, call, params.sessionId, [params.event], lambda: inner(call, params))
         # The holds are read while the emit is in flight (the two round trips overlap on the pipelined
         # connection), so an emit that touches no lease costs about nothing more; dropped if the emit fails.
         check = asyncio.ensure_future(coord.alerts.check(call.identity, params.event))

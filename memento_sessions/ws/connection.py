@@ -150,6 +150,8 @@ class Connection:
 
     def replied(self) -> None:
         """The current request is answered: start what waited for its reply."""
+        if not self._after_reply:  # nearly every request: no new list
+            return
         started, self._after_reply = self._after_reply, []
         for start in started:
             start()
