@@ -15,7 +15,6 @@ from memento_sessions.auth import Identity
 from memento_sessions.backends import Backends
 from memento_sessions.bridge import cache, context
 from memento_sessions.bridge.bridge import SessionBridge
-from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.errors import NotFound
 from memento_sessions.kg.fixture import generate
 from memento_sessions.kg.graph import Graphs
@@ -162,13 +161,13 @@ async def test_compact_graph_replies_read_as_the_falkordb_client_reads_them(back
     await graph.query("CREATE (:CodebaseEntity {id: 'x'})")
     query = ("MATCH (e:CodebaseEntity {id: $id}) RETURN null, 'text ü \"q\"', 42, -7, true, false, 2.5, "
              "[1, 'a', [null, e.id]], {k: 1, m: {n: 'v', l: [true]}}, properties(e)")
-    ours = await NamespaceGraphs(backends).rows(namespace, query, {"id": "x"})
+    ours = await Graphs(backends).rows(namespace, query, {"id": "x"})
     theirs = (await graph.ro_query(query, {"id": "x"})).result_set
     assert ours == theirs == [[None, 'text ü "q"', 42, -7, True, False, 2.5, [1, "a", [None, "x"]],
                                {"k": 1, "m": {"n": "v", "l": [True]}}, {"id": "x"}]]
-    assert await NamespaceGraphs(backends).rows(namespace, "MATCH (n:Nothing) RETURN n.id", {}) == []
+    assert await Graphs(backends).rows(namespace, "MATCH (n:Nothing) RETURN n.id", {}) == []
     with pytest.raises(ValueError, match="compact type 8"):
-        await NamespaceGraphs(backends).rows(namespace, "MATCH (e:CodebaseEntity) RETURN e", {})
+        await Graphs(backends).rows(namespace, "MATCH (e:CodebaseEntity) RETURN e", {})
 
 
 async def test_context_asked_while_folding_gives_the_one_batch_answer(settings: Settings, backends: Backends,
@@ -207,7 +206,7 @@ async def test_context_asked_while_folding_gives_the_one_batch_answer(settings: 
 
 async def test_a_read_never_creates_a_graph_and_sees_it_deleted_and_made_again(backends: Backends,
                                                                                namespace: str) -> None:
-    graphs, name = NamespaceGraphs(backends), backends.graph_name(namespace)
+    graphs, name = Graphs(backends), backends.graph_name(namespace)
     ids = "MATCH (n:CodebaseEntity) RETURN n.id"
     assert await graphs.rows(namespace, ids, {}) == []
     assert not await backends.falkordb.connection.exists(name), "a read of a missing graph left it missing"

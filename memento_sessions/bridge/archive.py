@@ -11,11 +11,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 from memento_sessions.bridge.cache import EventCache, Hint, decode
-from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import SESSION_ANCHORS
 from memento_sessions.bridge.timeline import Breakage, Event
 from memento_sessions.checkpoints.snapshots import Snapshot, Snapshots
 from memento_sessions.errors import NotFound
+from memento_sessions.kg.graph import Graphs
 from memento_sessions.sessions.manager import SessionManager
 
 Anchor = dict[str, Any]
@@ -50,7 +50,7 @@ async def read_breaks(manager: SessionManager, cache: EventCache, namespace: str
     return Record(session, [], "live", breaks=entry.fold.breakages())
 
 
-async def session_anchors(graphs: NamespaceGraphs, namespace: str, session_id: str) -> list[Anchor]:
+async def session_anchors(graphs: Graphs, namespace: str, session_id: str) -> list[Anchor]:
     """Every anchor the session left in the namespace's graph, oldest first, each with its `entityIds`."""
     rows = await graphs.rows(namespace, SESSION_ANCHORS, {"sessionId": session_id})
     anchors = [{**props, "entityIds": sorted(ids)} for props, ids in rows]
@@ -75,7 +75,7 @@ async def latest_snapshot(snapshots: Snapshots, namespace: str, session_id: str)
     return await snapshots.latest_snapshot(namespace, session_id)
 
 
-async def read_archive(snapshots: Snapshots, graphs: NamespaceGraphs, namespace: str, session_id: str) -> Record:
+async def read_archive(snapshots: Snapshots, graphs: Graphs, namespace: str, session_id: str) -> Record:
     """The expired session rebuilt from its anchors and failure snapshots; NotFound when it left neither."""
     anchors = await session_anchors(graphs, namespace, session_id)
     snapshot = await latest_snapshot(snapshots, namespace, session_id)

@@ -18,7 +18,6 @@ from memento_sessions.bridge import advice
 from memento_sessions.bridge.archive import Anchor, Record, read_archive, read_breaks, read_live, session_anchors, stamp
 from memento_sessions.bridge.cache import DEFAULT_BYTES, EventCache, Hint
 from memento_sessions.bridge.context import Context, TransitionContext
-from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT
 from memento_sessions.bridge.timeline import Event, breakages, by_actor, perf_sum, touched
 from memento_sessions.checkpoints.snapshots import Snapshots
@@ -53,7 +52,7 @@ class SessionBridge:
         own (a test, a bench) may leave them out."""
         self.manager = manager
         self.cache = EventCache(cache_events, cache_bytes)
-        self.graphs = NamespaceGraphs(backends, graphs)
+        self.graphs = graphs or Graphs(backends)  # reads only the caller's namespace graph, in compact form
         self.snapshots = snapshots or Snapshots(backends.postgres)
 
     async def transitions(self, ns: str, session_id: str, entity_id: str | None = None) -> Result:

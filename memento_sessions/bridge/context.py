@@ -14,8 +14,8 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from memento_sessions.bridge.graph import NamespaceGraphs
 from memento_sessions.bridge.queries import TRANSITION_CONTEXT
+from memento_sessions.kg.graph import Graphs
 
 Context = dict[str, dict[str, Any]]  # entityId -> {"specs": set, "clusters": set, "benchmarks": {id: delta}}
 SPLIT_ABOVE = 64  # ids; a larger batch goes out as two queries
@@ -24,7 +24,7 @@ SPLIT_ABOVE = 64  # ids; a larger batch goes out as two queries
 class TransitionContext:
     """Graph queries for entity ids, started as soon as the ids are known, merged by entity."""
 
-    def __init__(self, graphs: NamespaceGraphs, namespace: str) -> None:
+    def __init__(self, graphs: Graphs, namespace: str) -> None:
         self.graphs = graphs
         self.namespace = namespace
         self._asked: set[str] = set()
