@@ -219,16 +219,14 @@ def prepare(registry: Registry, call: Call, frame: str | bytes, bucket: TokenBuc
     return Request(message, method, params)
 
 
-async def answer(call: Call, request: Request) -> bytes | None:
+async def answer(registry: Registry, call: Call, request: Request) -> bytes | None:
     """The response frame of a prepared request (None for a notification)."""
     message, method = request.message, request.method
     if method is None or request.error is not None:
         error = request.error or RpcError("internal error")
     else:
-        try:  # Registry.run's work inline: a coroutine less per request
-            result = await method.handler(call, request.params)
-        except FAILURES as exc:
-            error = unavailable(exc, call, method.name, message.get("id"))
+        try:
+            result = await registry.run(call, method, request.params, message.get("id"))
         except RpcError as exc:
             error = exc
         except Exception:

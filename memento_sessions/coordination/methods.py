@@ -158,23 +158,18 @@ def wrap(registry: Registry, name: str, make: Callable[[Handler], Handler]) -> N
 
 
 def hook(registry: Registry, coord: Coordination) -> None:
-    """Wrap the methods coordination must see: every call (activity), presence moves, emits, handoff.
-
-    Each method gets one wrapper: the emit's notes the caller's activity itself, the others are wrapped in
-    activity_hook around their own. A layer is a coroutine and an await per request (event.emit had two).
-    """
+    """Wrap the methods coordination must see: every call (activity), presence moves, emits, handoff."""
     for name in ("session.join", "session.subscribe"):
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=True))
     for name in ("session.leave", "session.unsubscribe"):
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=False))
+    wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
     wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
     wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
     for name in [name for name, method in registry.methods.items() if method.scope == "kg:write"]:
         wrap(registry, name, lambda inner: graph_write_hook(coord, inner))
     for name in list(registry.methods):
-        if name != "event.emit":
-            wrap(registry, name, lambda inner: activity_hook(coord, inner))
-    wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
+        wrap(registry, name, lambda inner: activity_hook(coord, inner))
 
 
 def activity_hook(coord: Coordination, inner: Handler) -> Handler:
@@ -216,15 +211,10 @@ async def write_fenced(coord: Coordination, call: Call, session_id: str, events:
 
 
 def emit_hook(coord: Coordination, inner: Handler) -> Handler:
-    """The emit's one wrapper: activity (as activity_hook), fencing, then conflicts reported and alerted."""
+    """The emit with its fencing marks synced, then its conflicts reported and alerted."""
     async def handler(call: Call, params: Any) -> Result:
-        if coord.presence.touch(call) is None:
-            await coord.unknown(call)
         event = params.event
-        # Without a fencingToken there are no marks to sync and no stale_lease refusal to count (the emit
-        # Function refuses only an event that carries one): the emit runs as it is.
-        write = (inner(call, params) if event.fencingToken is None
-                 else write_fenced(coord, call, params.sessionId, [event], lambda: inner(call, params)))
+        write = write_fenced(coord, call, params.sessionId, [event], lambda: inner(call, params))
         if not touched(event):  # nothing a lease could conflict with: no check, no task
             return await write
         # The holds are read while the emit is in flight (the two round trips overlap on the pipelined

@@ -122,7 +122,7 @@ class Gateway:
                 request, size = given
                 if size >= LOOK_AHEAD_BYTES:
                     ahead = asyncio.create_task(self._next(receive, call, bucket))
-                reply = await answer(call, request)
+                reply = await answer(self.registry, call, request)
                 if reply is not None:
                     conn.notify(reply.decode())
                 conn.replied()
