@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from memento_sessions.cli_wire import RpcFailure, Wire, WireError
+from memento_sessions.retry import backoff_delay
 
 RETRIES = 5  # connections lost in a row, with no reply in between, before the run gives up
 BACKOFF = (0.05, 5.0)  # seconds before the first redial, and the most between two
@@ -86,7 +87,7 @@ class Pipeline:
         self.wire.close()
         give_up = time.monotonic() + self.timeout
         for attempt in itertools.count():
-            time.sleep(min(BACKOFF[1], BACKOFF[0] * 2**attempt))
+            time.sleep(backoff_delay(attempt, *BACKOFF))
             try:
                 self.wire = self.dial()
                 for frame in self.unanswered.values():

@@ -1,8 +1,9 @@
 """The one retry-with-backoff helper: a call tried again after an exponentially growing, capped pause.
 
 Used wherever a backend may be briefly away (an anchor write, the snapshot schema's migration, a snapshot
-store) so that every such loop backs off the same way; `backoff_delay` is also the client's pause
-between reconnects.
+store) so that every such loop backs off the same way; `backoff_delay` is also the clients' pause
+between reconnects (the async client's, and the blocking one `ingest` sends through, which imports this
+module without anyio: that import is made by `retry` itself).
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ import itertools
 import random
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
-
-import anyio
 
 T = TypeVar("T")
 Retrying = Callable[[BaseException, float], None]  # told each failure and the pause before the next try
@@ -35,6 +34,8 @@ async def retry(call: Callable[[], Awaitable[T]], on: tuple[type[BaseException],
     """`call()`'s result, trying again after an error in `on` (at most `attempts` tries; None: until it
     succeeds). The pause after try n (from 0) is min(cap, first * 2**n), in its upper half when `jitter`;
     the last error is raised as it is. Any other error ends the retries at once."""
+    import anyio  # here: the blocking callers of backoff_delay start without it
+
     for attempt in itertools.count():
         try:
             return await call()
