@@ -98,11 +98,6 @@ class LineReader:
 
     def feed_encoded(self, line: str | bytes) -> list[bytes]:
         """`feed`'s events as compact JSON (see `Converter.feed_encoded`), ready to be joined into a request."""
-        active = self.active
-        if active is not None:  # the usual case, a line of JSON once the format is known: straight through
-            ok, record = self.parse(line)
-            if ok:
-                return active.feed_encoded(record)
         ready = self._ready(line)
         active = self.active
         return [event for record in ready for event in active.feed_encoded(record)] if active else []
