@@ -22,6 +22,7 @@ from redis.crc import key_slot
 from memento_sessions import keys
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import ConfigError
+from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.server.daemon import running
 from memento_sessions.settings import load_settings
 from tests.cluster import PASSWORD, LocalCluster
@@ -112,6 +113,62 @@ async def test_subscribers_on_daemon_b_get_every_event_emitted_through_a_while_a
         await holder.aclose()
     assert seqs == list(range(1, total + 1))
     assert b.services.fanout.shards.conns == {}  # dropped with the last listener
+
+
+class Counter:
+    """A fan-out listener that counts its messages and catch-ups."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self.catch_ups = 0
+
+    def on_message(self, data: str) -> None:
+        self.messages.append(data)
+
+    def on_reconnect(self) -> None:
+        self.catch_ups += 1
+
+
+async def test_a_channel_left_and_joined_again_at_once_is_not_taken_for_a_moved_slot(
+        cluster: LocalCluster, namespace: str) -> None:
+    # The last listener leaves (SUNSUBSCRIBE sent) and a new one comes before Redis answered: the reply to our own
+    # SUNSUBSCRIBE is not a slot that moved, so nothing is resubscribed and nobody is told to catch up; and once
+    # every listener left, no channel stays subscribed and no confirmation is kept. A channel of the same slot
+    # keeps each shard's connection open throughout.
+    fanout = Fanout(cluster.url, f"{namespace}:control")
+    channels = [keys.session_channel(namespace, f"s{i}") for i in range(6)]
+    keepers = [(keys.session_channel(namespace, same_slot_id(f"s{i}")), Counter()) for i in range(6)]
+    publishers = {channel: node(cluster, cluster.port_of(channel)) for channel in channels}
+    listeners: list[Counter] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(fanout.run)
+        for keeper in keepers:
+            await fanout.attach(*keeper)
+        for round_ in range(15):
+            for channel in channels:
+                first, second = Counter(), Counter()
+                await fanout.attach(channel, first)
+                fanout.detach(channel, first)
+                await fanout.attach(channel, second)
+                listeners.append(second)
+                await publishers[channel].execute_command("SPUBLISH", channel, f"r{round_}")
+                with anyio.fail_after(5):
+                    while not second.messages:
+                        await anyio.sleep(0.001)
+                await anyio.sleep(0.02)  # time for a mistaken resubscription to tell `second` to catch up
+                fanout.detach(channel, second)
+        for keeper in keepers:
+            fanout.detach(*keeper)
+        await anyio.sleep(0.5)  # every reply is in
+        assert fanout.shards is not None
+        assert (fanout.shards.home, fanout.shards.conns, fanout._confirmed) == ({}, {}, {})
+        assert fanout.shards.losses == 0
+        tg.cancel_scope.cancel()
+    await fanout.aclose()
+    for publisher in publishers.values():
+        await publisher.aclose()
+    assert [listener.catch_ups for listener in listeners] == [0] * len(listeners)
+    assert all(len(listener.messages) == 1 for listener in listeners)
 
 
 async def test_a_primary_restarted_mid_stream_loses_nothing_acknowledged(

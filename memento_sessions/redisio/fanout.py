@@ -122,15 +122,14 @@ class Fanout:
             for listener in tuple(self.listeners.get(reply[1], ())):
                 listener.on_message(data)
         elif kind in ("subscribe", "ssubscribe"):
-            self._confirmed.setdefault(reply[1], anyio.Event()).set()
+            if reply[1] in self.listeners:  # a confirmation that comes after the last listener left keeps nothing
+                self._confirmed.setdefault(reply[1], anyio.Event()).set()
             if reply[1] == self.control and self._catch_up:
                 self._catch_up = False
                 self._catch_up_all()
             elif reply[1] in self._stale:
                 self._stale.discard(reply[1])
                 self._catch_up_channel(reply[1])
-        elif kind == "sunsubscribe" and self.shards is not None:
-            self.shards.moved(reply[1])
 
     def _catch_up_all(self) -> None:
         for channel in [ch for ch in self.listeners if not self._sharded(ch)]:

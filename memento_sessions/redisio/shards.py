@@ -39,6 +39,9 @@ class Shard:
         self.channels: set[str] = set()
         self.subscriber: Subscriber | None = None
         self.closing = False
+        # SUNSUBSCRIBEs sent on this connection and not yet answered, per channel: their replies are ours, and
+        # only an unasked one means Redis moved the channel's slot away.
+        self.leaving: dict[str, int] = {}
 
     def add(self, channel: str) -> None:
         self.channels.add(channel)
@@ -49,12 +52,23 @@ class Shard:
         self.channels.discard(channel)
         if self.subscriber is not None:
             self.subscriber.command("SUNSUBSCRIBE", channel)
+            self.leaving[channel] = self.leaving.get(channel, 0) + 1
+
+    def on_push(self, reply: list[Any]) -> None:
+        if reply[0] != "sunsubscribe":
+            self.owner.on_push(reply)
+        elif (asked := self.leaving.get(reply[1], 0)) > 1:
+            self.leaving[reply[1]] = asked - 1
+        elif asked:
+            del self.leaving[reply[1]]
+        else:
+            self.owner.moved(reply[1], self)
 
     async def run(self) -> None:
         """Connect, subscribe every channel, and hand them back to the owner when the connection ends."""
         reason: BaseException | None
         try:
-            subscriber = await open_subscriber(self.url, self.owner.on_push)
+            subscriber = await open_subscriber(self.url, self.on_push)
         except (RedisError, OSError) as exc:
             reason = exc
             await anyio.sleep(RETRY_DELAY * (0.5 + random.random()))  # the primary may be failing over
@@ -96,9 +110,9 @@ class Shards:
     async def add(self, channel: str) -> None:
         """Subscribe `channel` on its primary's connection (opened if it is the shard's first)."""
         await self.topology.initialize()
-        node = self.topology.nodes_manager.get_node_from_slot(key_slot(channel.encode()))
-        if self.home.get(channel) is not None:
+        if channel in self.home or channel not in self.listeners:  # its listeners may have left meanwhile
             return
+        node = self.topology.nodes_manager.get_node_from_slot(key_slot(channel.encode()))
         shard = self.conns.get(node.name)
         if shard is None:
             shard = self.conns[node.name] = Shard(node.name, self.url.node_url(node.host, int(node.port)), self)
@@ -117,10 +131,9 @@ class Shards:
             if self.conns.get(shard.name) is shard:
                 del self.conns[shard.name]
 
-    def moved(self, channel: str) -> None:
-        """Redis unsubscribed `channel` itself (its slot moved): subscribe it where it lives now."""
-        shard = self.home.get(channel)
-        if shard is not None and channel in self.listeners:
+    def moved(self, channel: str, shard: Shard) -> None:
+        """Redis unsubscribed `channel` from `shard` itself (its slot moved): subscribe it where it lives now."""
+        if self.home.get(channel) is shard and channel in self.listeners:
             shard.channels.discard(channel)
             del self.home[channel]
             self.spawn(lambda: self._rehome([channel]))
