@@ -8,9 +8,9 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/memento
 WORKDIR /src
 # The metadata first, so a code change does not reinstall every dependency.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY memento_sessions ./memento_sessions
-RUN /opt/memento/bin/pip install .
+RUN /opt/memento/bin/pip install . -c constraints.txt
 
 FROM python:3.11-slim
 # libgomp1: the FalkorDB module of the embedded server needs it (only used without MEMENTO_REDIS_URL).

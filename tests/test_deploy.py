@@ -7,6 +7,7 @@ The tools come from tests/tools.py (installed once); a test skips, loudly, only 
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import json
 import os
 import re
@@ -424,3 +425,16 @@ async def test_every_metric_the_daemon_exports_has_a_panel(daemon: Daemon) -> No
     _, families = await exported(daemon)
     queried = {re.sub(r"_(bucket|sum|count)$", "", name) for name in queried_metrics()}
     assert families - queried == set()
+
+
+# --- pinned dependencies --------------------------------------------------------------------------------------
+
+def test_the_suite_runs_on_the_pinned_versions_and_the_image_installs_them() -> None:
+    pins = [line.split("==") for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line and not line.startswith("#")]
+    assert len(pins) > 50 and all(len(pin) == 2 for pin in pins)
+    installed = {name: importlib.metadata.version(name) for name, _ in pins}
+    assert installed == dict(pins)  # scripts/bootstrap installed exactly these
+    assert "uvicorn" in installed and "redis" in installed
+    assert any(line.startswith("RUN ") and "pip install . -c constraints.txt" in line for line in dockerfile_lines())
+    assert "constraints.txt" in next(line for line in dockerfile_lines() if line.startswith("COPY pyproject.toml"))
