@@ -13,6 +13,7 @@
     daemons.py     daemon processes on the run's servers; their CPU seconds and RSS from /proc
     crowd.py       many lean clients in a process of their own (so their CPU is not the measured one's)
     sections.py    the registry: section name -> the coroutine that measures it
+    host.py        the host's noise floor: a bare round trip between two processes, to read the others by
     emit.py, fanout.py, replay.py, memory.py, checkpoint.py, bridge.py, ingest.py, coordination.py,
     lifecycle.py, scale.py (cross-daemon CPU, connection density, deliveries per CPU-second)   the sections
     peers.py       --peers: the OpenAI Agents SDK and Google ADK in their own virtualenv (bench_peers.py)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench import bridge, checkpoint, coordination, emit, fanout, ingest, lifecycle, memory, replay, scale
+from bench import bridge, checkpoint, coordination, emit, fanout, host, ingest, lifecycle, memory, replay, scale
 from bench.harness import Env, Figure
 
 Section = Callable[[Env], Awaitable[Figure | list[Figure]]]
 
 SECTIONS: dict[str, Section] = {
+    "host": host.round_trip,
     "emit": emit.sequential,
     "emit-64": emit.concurrent,
     "batch": emit.batch,
