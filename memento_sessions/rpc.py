@@ -221,12 +221,12 @@ def prepare(registry: Registry, call: Call, frame: str | bytes, bucket: TokenBuc
 
 async def answer(registry: Registry, call: Call, request: Request) -> bytes | None:
     """The response frame of a prepared request (None for a notification)."""
-    message, method = request.message, request.method
-    if method is None or request.error is not None:
+    message = request.message
+    if request.method is None or request.error is not None:
         error = request.error or RpcError("internal error")
     else:
         try:
-            result = await registry.run(call, method, request.params, message.get("id"))
+            result = await registry.run(call, request.method, request.params, message.get("id"))
         except RpcError as exc:
             error = exc
         except Exception:

@@ -174,8 +174,7 @@ def hook(registry: Registry, coord: Coordination) -> None:
 
 def activity_hook(coord: Coordination, inner: Handler) -> Handler:
     async def handler(call: Call, params: Any) -> Result:
-        if coord.presence.touch(call) is None:  # a known connection's request needs no await here
-            await coord.unknown(call)
+        await coord.seen(call)
         return await inner(call, params)
     return handler
 

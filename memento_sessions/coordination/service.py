@@ -73,19 +73,13 @@ class Coordination:
         """Note a request. A connection not announced at connect (a transport without the hook) connects now;
         an MCP caller's token roles are registered (once per process and agent)."""
         conn = self.presence.touch(call)
-        return conn if conn is not None else await self.unknown(call)
-
-    async def unknown(self, call: Call) -> Conn | None:
-        """The rest of `seen` for a request `presence.touch` found no connection for: an MCP call, or a
-        connection the connect hook did not announce. Split out so a request on a known connection (nearly
-        all of them) notes its activity with no coroutine of its own."""
         if call.peer is None:
             if call.identity.roles:
                 await self.presence.token_roles(call.identity)
-            return None
-        if call.peer.conn_id not in self.presence.conns:
+        elif conn is None and call.peer.conn_id not in self.presence.conns:
             await self.connect(call)
-        return self.presence.conns.get(call.peer.conn_id)
+            conn = self.presence.conns.get(call.peer.conn_id)
+        return conn
 
     async def handoff_leases(self, namespace: str, handoff: Result) -> Result:
         """The live leases on the handoff's entities, and those held by agents outside the session (open
