@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.redisio import fanout as fanout_module
 from memento_sessions.redisio import pubsub
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.redisio.pubsub import open_subscriber
@@ -90,3 +91,32 @@ async def test_fanout_delivers_in_subscription_order(backend_urls: Endpoints, na
     await publisher.aclose()
     order = [n for n in range(29, -1, -1) if n != 10] + [10]
     assert calls == [(n, "one") for n in order] + [(n, "two") for n in order]
+
+
+async def test_an_attach_cut_off_before_redis_confirmed_it_is_confirmed_by_the_reconnect(
+        backend_urls: Endpoints, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The SUBSCRIBE is sent, then the connection is lost unanswered (keepalive, Redis paused). The attach
+    # returns once the reconnected connection's SUBSCRIBE is confirmed, instead of waiting out its timeout
+    # (raised here to 30 s so that waiting it out fails the test) for an event the reconnect forgot.
+    monkeypatch.setattr(pubsub, "KEEPALIVE", 0.2)
+    monkeypatch.setattr(fanout_module, "CONFIRM_TIMEOUT", 30.0)
+    calls: list[tuple[int, str]] = []
+    channel = f"{namespace}:cut"
+    fanout = Fanout(backend_urls.redis_url, f"{namespace}:control")
+    admin = aioredis.Redis.from_url(backend_urls.redis_url)
+    async with anyio.create_task_group() as tg:
+        await tg.start(fanout.run)
+        await fanout.attach(f"{namespace}:before", Recorder(0, calls))  # the connection is up
+        reconnects = fanout.reconnects
+        await admin.client_pause(1500)
+        with anyio.fail_after(6):
+            await fanout.attach(channel, Recorder(1, calls))
+        assert fanout.reconnects > reconnects  # the SUBSCRIBE's connection was lost and made again
+        await admin.publish(channel, "after")
+        with anyio.fail_after(5):
+            while not calls:
+                await anyio.sleep(0.01)
+        tg.cancel_scope.cancel()
+    await fanout.aclose()
+    await admin.aclose()
+    assert calls == [(1, "after")]

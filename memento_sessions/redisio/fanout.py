@@ -112,7 +112,9 @@ class Fanout:
             log.warning("pub/sub connection closed", reason=repr(reason))
         finally:
             self._subscriber = None
-            self._confirmed = {}
+            # Confirmed subscriptions are confirmed anew by the next connection's SUBSCRIBE; an attach still
+            # waiting keeps its event, which that SUBSCRIBE (every channel with listeners) then sets.
+            self._confirmed = {channel: event for channel, event in self._confirmed.items() if not event.is_set()}
             subscriber.close()
 
     def _on_push(self, reply: list[Any]) -> None:
