@@ -100,6 +100,13 @@ def is_cluster_client(client: object) -> bool:
     return isinstance(client, RedisCluster)
 
 
+async def _nothing_to_reset(conn: asyncpg.Connection) -> None:
+    """The pool's reset of a released connection, in place of asyncpg's reset query (advisory unlock, CLOSE
+    ALL, UNLISTEN, RESET ALL): one more round trip on every use of the pool, for session state this code never
+    leaves (its advisory locks are transaction-scoped; it never LISTENs, SETs or keeps a cursor). asyncpg
+    still rolls back a transaction left open."""
+
+
 class Postgres:
     """An asyncpg pool opened on first use, so the daemon starts while Postgres is down."""
 
@@ -125,7 +132,8 @@ class Postgres:
     @staticmethod
     async def _open(dsn: str) -> asyncpg.Pool:
         try:
-            return await asyncpg.create_pool(dsn, min_size=1, max_size=8, timeout=2.0, command_timeout=10.0)
+            return await asyncpg.create_pool(dsn, min_size=1, max_size=8, timeout=2.0, command_timeout=10.0,
+                                             reset=_nothing_to_reset)
         except (OSError, asyncpg.PostgresError) as exc:
             raise BackendUnavailable(f"postgres: {exc}") from exc
 

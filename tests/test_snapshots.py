@@ -241,3 +241,28 @@ async def test_first_callers_at_once_share_one_pool(backend_urls: Endpoints) -> 
         assert len(pools) == 10 and len({id(pool) for pool in pools}) == 1
     finally:
         await postgres.close()
+
+
+async def test_a_released_connection_is_reused_without_a_reset_query_and_never_inside_a_transaction(
+        backend_urls: Endpoints, namespace: str) -> None:
+    """The pool skips asyncpg's reset query (one round trip per use; the daemon keeps no session state), but a
+    connection given back with a transaction open is still rolled back before anyone gets it again."""
+    postgres = Postgres(backend_urls.postgres_dsn)
+    pool = await postgres.pool()
+    table = f"reset_{uuid.uuid4().hex[:12]}"
+    try:
+        await pool.execute(f"CREATE TABLE {table} (v text)")
+        async with pool.acquire() as conn:
+            before = conn._protocol.queries_count  # type: ignore[attr-defined]
+            await conn.execute("BEGIN")
+            await conn.execute(f"INSERT INTO {table} VALUES ('left open')")
+            pid = await conn.fetchval("SELECT pg_backend_pid()")
+        async with pool.acquire() as conn:
+            assert await conn.fetchval("SELECT pg_backend_pid()") == pid  # the same connection (the pool's only one)
+            assert not conn.is_in_transaction()
+            assert await conn.fetchval(f"SELECT count(*) FROM {table}") == 0  # the open insert was rolled back
+            # BEGIN, INSERT, the pid, the rollback, the pid again and the count: no reset query in between
+            assert conn._protocol.queries_count - before == 6  # type: ignore[attr-defined]
+    finally:
+        await pool.execute(f"DROP TABLE IF EXISTS {table}")
+        await postgres.close()

@@ -198,10 +198,10 @@ class Checkpointer:
         snapshot = None
         if summary.outcome == "broken" and self.backends.postgres.enabled:
             snapshot = await self._new_snapshot(namespace, session, last, cp_id, events)
-            await self.pending.put(snapshot)  # before the anchor names it: it will exist whatever happens next
+            await self.pending.write(snapshot)  # kept before Postgres is asked: it will exist whatever happens next
         with unwrap_group():
             async with anyio.create_task_group() as tg:  # the graph and Postgres writes are independent
-                tg.start_soon(self._anchor, namespace, session_id, cp_id, summary, snapshot is not None)
+                tg.start_soon(self._anchor, namespace, session_id, cp_id, summary, snapshot)
                 if snapshot is not None:
                     result.update(await self._store(snapshot))
         upto = session["seq"] if snapshot is not None else snapshot_from(last)
@@ -236,9 +236,15 @@ class Checkpointer:
         await self.pending.done(snapshot)
         return {"snapshotId": snapshot_id}
 
-    async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary, broken: bool) -> None:
-        # The snapshot row is named by its checkpoint id, known before the row exists (or while it is retried).
-        ref = snapshot_ref(cp_id) if broken and self.backends.postgres.enabled else None
+    async def _anchor(self, namespace: str, session_id: str, cp_id: str, summary: Summary,
+                      snapshot: Pending | None) -> None:
+        """Write the anchor. It names the snapshot row by its checkpoint id, known before the row exists (or while
+        it is retried), so the pending snapshot is indexed first: once an anchor names it, any daemon's flusher
+        finds it, whatever becomes of this one. Postgres is storing it meanwhile."""
+        ref = None
+        if snapshot is not None:
+            await self.pending.index(snapshot)
+            ref = snapshot_ref(cp_id)
 
         async def write() -> int:
             graph = await self.graphs.get(namespace)

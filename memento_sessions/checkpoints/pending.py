@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from datetime import datetime
 from typing import Any, cast
 
@@ -54,8 +55,9 @@ class Pending:
     snapshot_at: datetime
 
     def dumps(self) -> str:
-        """The entry's JSON text in Redis."""
-        return json.dumps({**asdict(self), "snapshot_at": self.snapshot_at.isoformat()})
+        """The entry's JSON text in Redis (the fields as they are: asdict would deep-copy every event first)."""
+        fields = {field.name: getattr(self, field.name) for field in dataclass_fields(self)}
+        return json.dumps({**fields, "snapshot_at": self.snapshot_at.isoformat()})
 
     @classmethod
     def loads(cls, text: str | bytes) -> Pending:
@@ -83,12 +85,21 @@ class PendingSnapshots:
         self.ttl = ttl_seconds
 
     async def put(self, pending: Pending) -> None:
-        """Keep `pending` until `done`; it survives this process."""
+        """Keep `pending` until `done`; it survives this process, and every daemon's flusher finds it."""
+        await self.write(pending)
+        await self.index(pending)
+
+    async def write(self, pending: Pending) -> None:
+        """put's first half: the entry, which `done` deletes. Until `index` returns, only this process knows it."""
         key = keys.pending_snapshots(pending.namespace, pending.session_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hset(key, pending.checkpoint_id, pending.dumps())
             pipe.expire(key, self.ttl)
             await pipe.execute()
+
+    async def index(self, pending: Pending) -> None:
+        """put's second half, after `write`: the session in the index every daemon's flusher reads. Another slot
+        than the entry's on a Cluster, so never in its transaction."""
         # µs as an integer: exact in a ZSET score, and a new value for every put (see FORGET_IF_UNCHANGED)
         member = index_member(pending.namespace, pending.session_id)
         await self.redis.zadd(keys.pending_snapshot_index(), {member: time.time_ns() // 1000})

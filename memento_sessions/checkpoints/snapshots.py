@@ -87,14 +87,18 @@ SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 WHERE i.inhparent = 'session_snapshots'::regclass"""
 FORGET_IDS = "DELETE FROM snapshot_ids WHERE snapshot_at < $1"
 
-CLAIM_ID = """
-INSERT INTO snapshot_ids (namespace, checkpoint_id, snapshot_at) VALUES ($1, $2, $3)
-ON CONFLICT (namespace, checkpoint_id) DO NOTHING RETURNING id"""
 EXISTING_ID = "SELECT id FROM snapshot_ids WHERE namespace = $1 AND checkpoint_id = $2"
-INSERT_SNAPSHOT = """
+# The id is claimed and the row stored in one statement (one round trip, atomic on its own): the row is written
+# only when this call claimed the id; NULL when it was claimed before (then EXISTING_ID names it, read in a
+# statement of its own so that it sees a claim committed while this one waited on it).
+STORE_SNAPSHOT = """
+WITH claimed AS (
+  INSERT INTO snapshot_ids (namespace, checkpoint_id, snapshot_at) VALUES ($3, $2, $6)
+  ON CONFLICT (namespace, checkpoint_id) DO NOTHING RETURNING id
+)
 INSERT INTO session_snapshots (id, session_id, checkpoint_id, namespace, outcome, events, snapshot_at, epoch,
                                from_seq, to_seq)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10)"""
+SELECT id, $1, $2, $3, $4, $5::jsonb, $6, $7, $8, $9 FROM claimed RETURNING id"""
 COLUMNS = ("id, session_id, checkpoint_id, namespace, outcome, events::text AS events, snapshot_at, epoch, "
            "from_seq, to_seq")
 LATEST_EPOCH = """
@@ -171,13 +175,11 @@ class Snapshots(MigratedStore):
     async def _insert(self, session_id: str, checkpoint_id: str, namespace: str, outcome: str,
                       events: str, at: datetime, epoch: str, from_seq: int, to_seq: int) -> int:
         pool = await self.postgres.pool()
-        async with pool.acquire() as conn, conn.transaction():
-            new_id: int | None = await conn.fetchval(CLAIM_ID, namespace, checkpoint_id, at)
-            if new_id is None:
-                existing: int = await conn.fetchval(EXISTING_ID, namespace, checkpoint_id)
-                return existing
-            await conn.execute(INSERT_SNAPSHOT, new_id, session_id, checkpoint_id, namespace, outcome, events, at,
-                               epoch, from_seq, to_seq)
+        new_id: int | None = await pool.fetchval(STORE_SNAPSHOT, session_id, checkpoint_id, namespace, outcome,
+                                                 events, at, epoch, from_seq, to_seq)
+        if new_id is None:
+            existing: int = await pool.fetchval(EXISTING_ID, namespace, checkpoint_id)
+            return existing
         FAILURE_SNAPSHOTS.inc()  # counted here, where a stored row is known to be new, not on a re-run
         return new_id
 
