@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.retry import RECONNECT, Backoff
 
 log = get_logger(__name__)
 MAX_REDIRECTS = 5
@@ -52,11 +53,13 @@ def redirect_of(error: ResponseError) -> tuple[str, str, int] | None:
 class ClusterPipe(Pipe):
     """Pipe's `call` on a Redis Cluster: one auto-pipelined Pipe per primary, chosen by the key's slot."""
 
-    def __init__(self, url: str, topology: RedisCluster, spin_us: int = 0) -> None:
-        """`topology`: a redis-py cluster client whose NodesManager knows the slots (the daemon's own)."""
+    def __init__(self, url: str, topology: RedisCluster, spin_us: int = 0, backoff: Backoff = RECONNECT) -> None:
+        """`topology`: a redis-py cluster client whose NodesManager knows the slots (the daemon's own);
+        `backoff`: each primary's connection's pauses between failed connects."""
         self.url = ClusterUrl.parse(url)
         self.topology = topology
         self.spin_us = spin_us
+        self.backoff = backoff
         self.pipes: dict[str, Pipe] = {}
         self._stale = False
         self._refreshed_at = 0.0
@@ -99,7 +102,7 @@ class ClusterPipe(Pipe):
         name = f"{host}:{port}"
         pipe = self.pipes.get(name)
         if pipe is None:
-            pipe = self.pipes[name] = Pipe(self.url.node_url(host, port), self.spin_us)
+            pipe = self.pipes[name] = Pipe(self.url.node_url(host, port), self.spin_us, self.backoff)
         return pipe
 
     def close(self) -> None:
