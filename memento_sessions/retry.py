@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -71,11 +72,17 @@ async def retry(call: Callable[[], Awaitable[T]], on: tuple[type[BaseException],
 
 
 class Failures:
-    """A reconnect loop's failures in a row, and the pause its policy gives after the latest."""
+    """A reconnect loop's failures in a row, and the pause its policy gives after the latest.
+
+    A loop sleeps the pause `failed()` returns; a connection opened on demand (by whichever call needs it)
+    instead notes the failure with `refuse(error)` and fails the calls of the pause at once (`refusal()`).
+    """
 
     def __init__(self, policy: Backoff = RECONNECT) -> None:
         self.policy = policy
         self.count = 0
+        self.until = 0.0  # time.monotonic() before which `refusal` refuses a try
+        self.reason = ""
 
     def failed(self) -> float:
         """Count one more failure; the pause before the next try."""
@@ -84,4 +91,13 @@ class Failures:
 
     def succeeded(self) -> None:
         """The connection held: the next failure starts the backoff over."""
-        self.count = 0
+        self.count, self.until = 0, 0.0
+
+    def refuse(self, error: BaseException) -> None:
+        """Count one more failure, and refuse tries until its pause has passed."""
+        self.until, self.reason = time.monotonic() + self.failed(), str(error)
+
+    def refusal(self) -> str | None:
+        """Why a try now is refused (the last failure, and when the next try may go), or None."""
+        wait = self.until - time.monotonic()
+        return f"{self.reason} (next try in {wait:.2f}s)" if wait > 0 else None

@@ -95,3 +95,4 @@ async def test_with_every_cluster_node_down_methods_answer_32050_and_sigterm_exi
     assert "Traceback" not in log, log[-3000:]
     assert [line for line in lines if "exception" in line or line.get("level") == "error"] == []
     assert sum(line.get("event") == "backend unavailable" for line in lines) == len(METHODS)
+    assert sum(line.get("level") == "warning" for line in lines) <= 80  # every reconnect loop backs off: ~9 each

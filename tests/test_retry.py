@@ -89,16 +89,19 @@ def test_a_reconnect_loops_pauses_grow_to_the_cap_and_start_over_after_a_success
 
 
 async def test_a_pipe_does_not_reconnect_before_its_policys_pause() -> None:
-    # Nothing listens on the port: the first call's connect is refused; a call within the pause fails at once with
-    # that same error (no new connect); after the pause a new connect is tried (a new error).
-    pipe = Pipe(f"redis://127.0.0.1:{free_port()}", backoff=Backoff(first=0.3, cap=0.3, jitter=False))
+    # Nothing listens on the port: the first call's connect is refused; a call within the pause fails at once, saying
+    # why and when the next connect goes (no connect of its own); after the pause a connect is tried again.
+    pipe = Pipe(f"redis://127.0.0.1:{free_port()}", backoff=Backoff(first=0.5, cap=0.5, jitter=False))
     with pytest.raises(RedisConnectionError) as first:
         await pipe.call("PING")
+    assert "cannot connect to Redis" in str(first.value) and "next try" not in str(first.value)
     with pytest.raises(RedisConnectionError) as within:
         await pipe.call("PING")
-    assert within.value is first.value
-    await anyio.sleep(0.35)
+    assert str(within.value).startswith(f"{first.value} (next try in 0.")
+    await anyio.sleep(0.55)
     with pytest.raises(RedisConnectionError) as after:
         await pipe.call("PING")
-    assert after.value is not first.value
+    assert str(after.value) == str(first.value)  # a real connect, refused again: the next pause starts now
+    with pytest.raises(RedisConnectionError, match="next try in"):
+        await pipe.call("PING")
     pipe.close()

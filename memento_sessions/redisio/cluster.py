@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.pipe import Pipe
-from memento_sessions.retry import RECONNECT, Backoff
+from memento_sessions.retry import RECONNECT, Backoff, Failures
 
 log = get_logger(__name__)
 MAX_REDIRECTS = 5
@@ -63,6 +63,7 @@ class ClusterPipe(Pipe):
         self.pipes: dict[str, Pipe] = {}
         self._stale = False
         self._refreshed_at = 0.0
+        self._unread = Failures(backoff)  # topology reads failed in a row (no node answered)
 
     async def call(self, *args: str | int | float) -> Any:
         """Send the command to the primary of its key's slot, following MOVED/ASK redirections."""
@@ -89,7 +90,19 @@ class ClusterPipe(Pipe):
         raise RedisConnectionError(f"more than {MAX_REDIRECTS} cluster redirections for one call")
 
     async def _fresh(self) -> None:
-        """Read the topology at first use and again after a MOVED or a lost connection (rate limited)."""
+        """Read the topology at first use and again after a MOVED or a lost connection (rate limited; after a
+        read that found no node, not again before the backoff policy's pause: calls meanwhile fail at once)."""
+        if (refused := self._unread.refusal()) is not None:
+            raise RedisConnectionError(refused)
+        try:
+            await self._read_topology()
+        except RedisConnectionError as exc:  # ClusterUnreachable (backends.py) among them
+            self._unread.refuse(exc)
+            raise
+        if self._unread.count:
+            self._unread.succeeded()
+
+    async def _read_topology(self) -> None:
         await self.topology.initialize()  # at once when done already
         now = time.monotonic()
         if not self._stale or now - self._refreshed_at < REFRESH_EVERY:

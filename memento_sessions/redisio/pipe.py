@@ -178,7 +178,6 @@ class Pipe:
         self._protocol: _Protocol | None = None
         self._lock = anyio.Lock()
         self._failures = Failures(backoff)
-        self._refused: tuple[float, RedisConnectionError] | None = None  # until when, and the connect's error
 
     @staticmethod
     def supports(url: str) -> bool:
@@ -210,14 +209,13 @@ class Pipe:
 
     async def _reconnect(self) -> _Protocol:
         """A new connection, unless the last connect failed less than the policy's pause ago."""
-        if self._refused is not None and anyio.current_time() < self._refused[0]:
-            raise self._refused[1]
+        if (refused := self._failures.refusal()) is not None:
+            raise RedisConnectionError(refused)
         try:
             protocol = await self._connect()
         except RedisConnectionError as exc:
-            self._refused = (anyio.current_time() + self._failures.failed(), exc)
+            self._failures.refuse(exc)
             raise
-        self._refused = None
         self._failures.succeeded()
         return protocol
 
