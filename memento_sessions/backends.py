@@ -11,10 +11,10 @@ import anyio
 import asyncpg
 import redis.asyncio as aioredis
 from falkordb.asyncio import FalkorDB
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import ClusterError, RedisClusterException, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -27,9 +27,16 @@ from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
 
-# Errors that mean "a backend did not answer": retried where safe, else reported as -32050.
+class ClusterUnreachable(RedisConnectionError):
+    """No node of the Redis Cluster gave a usable topology (none answered, or those that did leave slots
+    uncovered): redis-py raises its bare RedisClusterException for this, as for its own misuse."""
+
+
+# Errors that mean "a backend did not answer": retried where safe, else reported as -32050. On a Redis
+# Cluster: CLUSTERDOWN and MASTERDOWN (ClusterError), redirections past redis-py's limit (ClusterError), a
+# slot no node serves (SlotNotCoveredError), no node reachable (ClusterUnreachable).
 UNAVAILABLE: tuple[type[BaseException], ...] = (
-    RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError, OSError,
+    RedisConnectionError, RedisTimeoutError, ClusterError, SlotNotCoveredError, TryAgainError, OSError,
     asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 )
 
@@ -78,7 +85,21 @@ def cluster_client(url: ClusterUrl, decode_responses: bool = True) -> RedisClust
         retry=retry, max_connections=512,
     )
     client.response_callbacks = _KeysDropped(client.response_callbacks)
+    client.nodes_manager.__class__ = _NodesManager  # built by RedisCluster itself, with its own arguments
     return client
+
+
+class _NodesManager(NodesManager):
+    """redis-py's topology reader, whose failure to read any topology is raised as the outage it is."""
+
+    __slots__ = ()  # as NodesManager's: the same layout, so that the instance's class can be swapped
+
+    async def initialize(self, additional_startup_nodes_info: list[tuple[str, int]] | None = None,
+                         last_failed_node_name: str | None = None) -> None:
+        try:
+            await super().initialize(additional_startup_nodes_info, last_failed_node_name)
+        except RedisClusterException as exc:  # raised here only when no node gave a usable topology
+            raise ClusterUnreachable(f"Redis Cluster: {exc}") from exc
 
 
 class _KeysDropped(dict[str, Callable[..., Any]]):

@@ -17,7 +17,8 @@ MementoError
       +-- RateLimited          -32029
       +-- BackendUnavailable   -32050: Redis, FalkorDB or Postgres did not answer
 
-Driver errors become BackendUnavailable in one place, memento_sessions.backends (`translated`, UNAVAILABLE).
+Driver errors become BackendUnavailable in one place, memento_sessions.backends (`translated`, UNAVAILABLE;
+a Redis Cluster of which no node answers is one of them, ClusterUnreachable there).
 The client's own errors (a lost connection, a request timeout ...) are in memento_sessions.client.errors.
 """
 

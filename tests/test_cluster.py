@@ -18,6 +18,7 @@ import anyio
 import pytest
 import redis.asyncio as aioredis
 from redis.crc import key_slot
+from structlog.testing import capture_logs
 
 from memento_sessions import keys
 from memento_sessions.endpoints import Endpoints
@@ -113,6 +114,53 @@ async def test_subscribers_on_daemon_b_get_every_event_emitted_through_a_while_a
         await holder.aclose()
     assert seqs == list(range(1, total + 1))
     assert b.services.fanout.shards.conns == {}  # dropped with the last listener
+
+
+async def test_every_subscriber_gets_every_event_after_the_pub_sub_connections_of_every_primary_are_killed(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    # Many sessions on every primary, their channels in many slots: a lost shard connection is subscribed anew
+    # one SSUBSCRIBE per slot (one across slots is refused with CROSSSLOT), after a pause, not in a hot loop.
+    count, rounds = 36, 6
+    settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
+    with capture_logs() as logs:
+        async with running(settings) as daemon, rpc(daemon.port, token("w", namespace)) as writer, \
+                rpc(daemon.port, token("r", namespace)) as reader:
+            sids = [(await writer.call("session.create", {}))["sessionId"] for _ in range(count)]
+            slots: dict[int, set[int]] = {port: set() for port in cluster.ports}
+            for sid in sids:
+                channel = keys.session_channel(namespace, sid)
+                slots[cluster.port_of(channel)].add(key_slot(channel.encode()))
+            assert all(len(on_primary) >= 3 for on_primary in slots.values()), slots
+            for sid in sids:
+                assert (await reader.call("session.subscribe", {"sessionId": sid}))["seq"] == 0
+            for round_ in range(rounds):
+                if round_ == 1:
+                    for port in cluster.ports:
+                        primary = node(cluster, port)
+                        assert await primary.client_kill_filter(_type="pubsub") >= 1  # the daemon's, at least
+                        await primary.aclose()
+                for sid in sids:
+                    await writer.call("event.emit", {"sessionId": sid, "event": {"type": "modified",
+                                                                               "id": f"r{round_}"}})
+                await anyio.sleep(0.5)
+            received = await events_until(reader, {sid: rounds for sid in sids}, timeout=30)
+    assert received == {sid: list(range(1, rounds + 1)) for sid in sids}
+    warnings = [entry for entry in logs if entry["log_level"] in ("warning", "error")]
+    lost = [entry for entry in warnings if entry["event"] == "sharded pub/sub connection lost; resubscribing"]
+    assert 1 <= len(lost) <= 2 * len(cluster.ports), lost
+    assert len(warnings) <= 6 * len(cluster.ports), [entry["event"] for entry in warnings][:20]
+    assert not [entry for entry in logs if "exc_info" in entry]
+
+
+async def events_until(peer: RpcSocket, last: dict[str, int], timeout: float) -> dict[str, list[int]]:
+    """Seqs of session.event notifications per session, in arrival order, until each session's `last` arrived;
+    on timeout, what arrived (the assertion then shows which sessions stopped)."""
+    received: dict[str, list[int]] = {sid: [] for sid in last}
+    with anyio.move_on_after(timeout):
+        while any(not seqs or seqs[-1] < last[sid] for sid, seqs in received.items()):
+            params = (await peer.notification("session.event", timeout))["params"]
+            received[params["sessionId"]].append(params["seq"])
+    return received
 
 
 class Counter:

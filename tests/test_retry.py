@@ -1,11 +1,15 @@
-"""memento_sessions.retry: the one retry-with-backoff helper every backend retry goes through."""
+"""memento_sessions.retry: the one backoff policy every backend retry and reconnect loop goes through."""
 
 from __future__ import annotations
 
+import anyio
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from memento_sessions.embedded.process import free_port
 from memento_sessions.errors import BackendUnavailable, NotFound
-from memento_sessions.retry import backoff_delay, exponential, retry
+from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.retry import RECONNECT, Backoff, Failures, backoff_delay, exponential, retry
 
 pytestmark = pytest.mark.anyio
 
@@ -64,3 +68,40 @@ def test_backoff_delay_is_the_upper_half_of_min_cap_first_times_two_to_the_attem
         ceiling = exponential(attempt, 0.1, 5.0)
         assert ceiling == min(5.0, 0.1 * 2**attempt)
         assert all(ceiling / 2 <= backoff_delay(attempt, 0.1, 5.0) <= ceiling for _ in range(50))
+
+
+async def test_retry_takes_its_pauses_from_the_policy_it_is_given() -> None:
+    flaky = Flaky(4, OSError("refused"))
+    assert await retry(flaky, (OSError,), policy=Backoff(first=0.001, cap=0.003, jitter=False),
+                       retrying=flaky.retrying) == 5
+    assert flaky.pauses == [0.001, 0.002, 0.003, 0.003]
+
+
+def test_a_reconnect_loops_pauses_grow_to_the_cap_and_start_over_after_a_success() -> None:
+    failures = Failures(Backoff(first=0.05, cap=2.0))
+    pauses = [failures.failed() for _ in range(10)]
+    for attempt, pause in enumerate(pauses):
+        assert exponential(attempt, 0.05, 2.0) / 2 <= pause <= exponential(attempt, 0.05, 2.0)
+    assert all(1.0 <= pause <= 2.0 for pause in pauses[6:])  # capped: never more than 2 s, never a hot loop
+    failures.succeeded()
+    assert 0.025 <= failures.failed() <= 0.05
+    assert (RECONNECT.first, RECONNECT.cap, RECONNECT.jitter) == (0.05, 2.0, True)
+
+
+async def test_a_pipe_does_not_reconnect_before_its_policys_pause() -> None:
+    # Nothing listens on the port: the first call's connect is refused; a call within the pause fails at once, saying
+    # why and when the next connect goes (no connect of its own); after the pause a connect is tried again.
+    pipe = Pipe(f"redis://127.0.0.1:{free_port()}", backoff=Backoff(first=0.5, cap=0.5, jitter=False))
+    with pytest.raises(RedisConnectionError) as first:
+        await pipe.call("PING")
+    assert "cannot connect to Redis" in str(first.value) and "next try" not in str(first.value)
+    with pytest.raises(RedisConnectionError) as within:
+        await pipe.call("PING")
+    assert str(within.value).startswith(f"{first.value} (next try in 0.")
+    await anyio.sleep(0.55)
+    with pytest.raises(RedisConnectionError) as after:
+        await pipe.call("PING")
+    assert str(after.value) == str(first.value)  # a real connect, refused again: the next pause starts now
+    with pytest.raises(RedisConnectionError, match="next try in"):
+        await pipe.call("PING")
+    pipe.close()

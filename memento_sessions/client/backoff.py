@@ -1,6 +1,7 @@
 """How long the client waits before reconnecting, and how often a retried call is sent again.
 
-The backoff itself is the package's one helper (memento_sessions.retry); this module keeps its name here.
+The backoff itself is the package's one policy (memento_sessions.retry: `backoff_delay` is `Backoff(first,
+cap).delay`, the pauses of the daemon's own reconnect loops too); this module keeps its name here.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.retry import RECONNECT, Backoff, Failures
 
 log = get_logger(__name__)
 MAX_REDIRECTS = 5
@@ -52,14 +53,17 @@ def redirect_of(error: ResponseError) -> tuple[str, str, int] | None:
 class ClusterPipe(Pipe):
     """Pipe's `call` on a Redis Cluster: one auto-pipelined Pipe per primary, chosen by the key's slot."""
 
-    def __init__(self, url: str, topology: RedisCluster, spin_us: int = 0) -> None:
-        """`topology`: a redis-py cluster client whose NodesManager knows the slots (the daemon's own)."""
+    def __init__(self, url: str, topology: RedisCluster, spin_us: int = 0, backoff: Backoff = RECONNECT) -> None:
+        """`topology`: a redis-py cluster client whose NodesManager knows the slots (the daemon's own);
+        `backoff`: each primary's connection's pauses between failed connects."""
         self.url = ClusterUrl.parse(url)
         self.topology = topology
         self.spin_us = spin_us
+        self.backoff = backoff
         self.pipes: dict[str, Pipe] = {}
         self._stale = False
         self._refreshed_at = 0.0
+        self._unread = Failures(backoff)  # topology reads failed in a row (no node answered)
 
     async def call(self, *args: str | int | float) -> Any:
         """Send the command to the primary of its key's slot, following MOVED/ASK redirections."""
@@ -86,7 +90,19 @@ class ClusterPipe(Pipe):
         raise RedisConnectionError(f"more than {MAX_REDIRECTS} cluster redirections for one call")
 
     async def _fresh(self) -> None:
-        """Read the topology at first use and again after a MOVED or a lost connection (rate limited)."""
+        """Read the topology at first use and again after a MOVED or a lost connection (rate limited; after a
+        read that found no node, not again before the backoff policy's pause: calls meanwhile fail at once)."""
+        if (refused := self._unread.refusal()) is not None:
+            raise RedisConnectionError(refused)
+        try:
+            await self._read_topology()
+        except RedisConnectionError as exc:  # ClusterUnreachable (backends.py) among them
+            self._unread.refuse(exc)
+            raise
+        if self._unread.count:
+            self._unread.succeeded()
+
+    async def _read_topology(self) -> None:
         await self.topology.initialize()  # at once when done already
         now = time.monotonic()
         if not self._stale or now - self._refreshed_at < REFRESH_EVERY:
@@ -99,7 +115,7 @@ class ClusterPipe(Pipe):
         name = f"{host}:{port}"
         pipe = self.pipes.get(name)
         if pipe is None:
-            pipe = self.pipes[name] = Pipe(self.url.node_url(host, port), self.spin_us)
+            pipe = self.pipes[name] = Pipe(self.url.node_url(host, port), self.spin_us, self.backoff)
         return pipe
 
     def close(self) -> None:

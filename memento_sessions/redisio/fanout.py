@@ -4,8 +4,8 @@ one per primary for the sessions' sharded channels: shards.py).
 Channels are subscribed when their first local listener arrives and dropped with the last; a message
 reaches a channel's listeners in the order they attached, so a subscriber's place in a fan-out is the
 same for every event. If Redis drops the connection (restart, `CLIENT KILL TYPE pubsub`), the loop
-reconnects with backoff, re-subscribes every channel and tells every listener to catch up from the ZSET
-by seq.
+reconnects after the backoff policy's pause (retry.RECONNECT by default, also the shards'), re-subscribes
+every channel and tells every listener to catch up from the ZSET by seq.
 
 On a Redis Cluster, a session's channel (it carries the session's hash tag) is SSUBSCRIBEd on the
 primary of its slot; the daemon's own channel and the namespaces' announcement channels (PUBLISHed,
@@ -14,7 +14,6 @@ which a cluster relays to every node) stay on this connection, made to any seed 
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable, Coroutine
 from typing import Any, Protocol, TypeVar
 
@@ -30,6 +29,7 @@ from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
 from memento_sessions.redisio.pubsub import Subscriber, open_subscriber
 from memento_sessions.redisio.shards import Shards
+from memento_sessions.retry import RECONNECT, Backoff, Failures
 
 log = get_logger(__name__)
 CONFIRM_TIMEOUT = 5.0
@@ -49,8 +49,10 @@ class Listener(Protocol):
 class Fanout:
     """Routes pub/sub messages of the daemon's one connection to local listeners."""
 
-    def __init__(self, redis_url: str, control_channel: str) -> None:
+    def __init__(self, redis_url: str, control_channel: str, backoff: Backoff = RECONNECT) -> None:
+        """`backoff`: the pauses of every reconnect, this connection's and each shard's."""
         self.url = redis_url
+        self.backoff = backoff
         self.control = control_channel
         # Per channel, its listeners in subscription order (a dict as an ordered set): a message reaches them
         # first-come first-served, the same order every time, instead of a set's order by object address.
@@ -67,7 +69,7 @@ class Fanout:
             cluster = ClusterUrl.parse(redis_url)
             self.urls = [cluster.node_url(host, port) for host, port in cluster.nodes]
             self.shards = Shards(cluster, cluster_client(cluster), self._on_push, self.spawn, self.listeners,
-                                 self._stale.add)
+                                 self._stale.add, backoff)
 
     @property
     def reconnects(self) -> int:
@@ -78,26 +80,31 @@ class Fanout:
         return self.shards is not None and sharded(channel)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Keep the connection up forever, reconnecting with jittered backoff.
+        """Keep the connection up forever, reconnecting after the backoff policy's pauses.
 
         Reports started at once: with Redis down the daemon still serves (/readyz says 503), and
-        `attach` waits for the subscription to be confirmed.
+        `attach` waits for the subscription to be confirmed. A connection that held past the policy's
+        cap starts the backoff over.
         """
-        delay = 0.05
+        failures = Failures(self.backoff)
         async with anyio.create_task_group() as tg:
             self._tg = tg
             task_status.started()
             while True:
+                opened = anyio.current_time()
                 try:
-                    await self._session()
-                    delay = 0.05
+                    error = await self._session()
                 except (RedisError, OSError) as exc:
                     BACKEND_ERRORS.labels("redis").inc()
-                    log.warning("pub/sub connection lost; reconnecting", error=repr(exc), retry_in=round(delay, 3))
-                await anyio.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 2.0)
+                    error = repr(exc)
+                if anyio.current_time() - opened > self.backoff.cap:
+                    failures.succeeded()
+                pause = failures.failed()
+                log.warning("pub/sub connection lost; reconnecting", error=error, retry_in=round(pause, 3))
+                await anyio.sleep(pause)
 
-    async def _session(self) -> None:
+    async def _session(self) -> str:
+        """One connection, from its SUBSCRIBE to its end; why it ended."""
         try:
             subscriber = await open_subscriber(self.urls[0], self._on_push)
         except (RedisError, OSError):
@@ -108,8 +115,7 @@ class Fanout:
             self._catch_up = self._connections > 1
             subscriber.command("SUBSCRIBE", self.control, *(ch for ch in self.listeners if not self._sharded(ch)))
             self._subscriber = subscriber
-            reason = await subscriber.closed
-            log.warning("pub/sub connection closed", reason=repr(reason))
+            return repr(await subscriber.closed)
         finally:
             self._subscriber = None
             # Confirmed subscriptions are confirmed anew by the next connection's SUBSCRIBE; an attach still

@@ -5,7 +5,9 @@ write per command. Here every call made in the same event-loop turn goes out in 
 connection, and replies are matched to callers in order (Redis answers in order on a connection):
 the approach of ioredis' autopipelining and Lettuce. Nothing is retried: an FCALL whose reply is
 lost may have run, so the caller gets a ConnectionError (-32050) and decides (an event `id` makes
-a retry safe).
+a retry safe). A connection that cannot be opened is not tried again before the backoff policy's pause
+(retry.RECONNECT by default): meanwhile calls fail at once with the connect error, instead of each
+waiting its own connect timeout in turn while Redis is away.
 
 After a write on an idle connection the loop is kept polling, not sleeping, until the reply is in
 or `spin` seconds have passed: on a VM, waking a vCPU that went idle costs tens of microseconds,
@@ -29,6 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import REDIS_SPIN_MISSES, REDIS_SPINS
 from memento_sessions.redisio.resp import Address, connect, pack
+from memento_sessions.retry import RECONNECT, Backoff, Failures
 
 log = get_logger(__name__)
 CALL_TIMEOUT = 5.0
@@ -167,13 +170,14 @@ class _Protocol(asyncio.Protocol):
 class Pipe:
     """Auto-pipelined calls over one lazily (re)connected connection to a `redis://` URL."""
 
-    def __init__(self, url: str, spin_us: int = 0) -> None:
+    def __init__(self, url: str, spin_us: int = 0, backoff: Backoff = RECONNECT) -> None:
         """`spin_us`: microseconds the loop keeps polling for a reply after a write on an idle
-        connection (MEMENTO_REDIS_SPIN_US); 0 sleeps at once."""
+        connection (MEMENTO_REDIS_SPIN_US); 0 sleeps at once. `backoff`: pauses between failed connects."""
         self.address = Address.parse(url)
         self.spin = spin_us / 1e6
         self._protocol: _Protocol | None = None
         self._lock = anyio.Lock()
+        self._failures = Failures(backoff)
 
     @staticmethod
     def supports(url: str) -> bool:
@@ -200,8 +204,20 @@ class Pipe:
             return protocol
         async with self._lock:
             if self._protocol is None or self._protocol.lost is not None:
-                self._protocol = await self._connect()
+                self._protocol = await self._reconnect()
             return self._protocol
+
+    async def _reconnect(self) -> _Protocol:
+        """A new connection, unless the last connect failed less than the policy's pause ago."""
+        if (refused := self._failures.refusal()) is not None:
+            raise RedisConnectionError(refused)
+        try:
+            protocol = await self._connect()
+        except RedisConnectionError as exc:
+            self._failures.refuse(exc)
+            raise
+        self._failures.succeeded()
+        return protocol
 
     async def _connect(self) -> _Protocol:
         protocol = await connect(self.address, lambda: _Protocol(self.spin))
