@@ -12,6 +12,8 @@ grows about as much for either size: a slope near 0.
 from __future__ import annotations
 
 import contextlib
+import math
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -35,10 +37,19 @@ async def heavy_rss(env: Env) -> list[Figure]:
             sid, seq = await heavy_session(env, tenant, size)
             megabytes = await session_mb(env, tenant, sid)
             for op in OPS:  # in this order: the resume's session is the one the suspend moved
-                growth = await weigh(env, tenant, Path(tmp) / f"{op}-{size}", op, (sid, seq))
-                points[op].append((megabytes, growth))
+                points[op].append((megabytes, await weighed(env, tenant, Path(tmp) / f"{op}-{size}", op,
+                                                            (sid, seq))))
             await unlink_session(env, tenant, sid)
     return [figure(op, found) for op, found in points.items()]
+
+
+async def weighed(env: Env, tenant: Tenant, data: Path, op: str, session: tuple[str, int]) -> float:
+    """`weigh`, or NaN (said on stderr) when the daemon refused the request: the run's figures still print."""
+    try:
+        return await weigh(env, tenant, data, op, session)
+    except RuntimeError as exc:  # a JSON-RPC error
+        print(f"bench: heavy-rss: the {op} was refused: {exc}", file=sys.stderr, flush=True)
+        return math.nan
 
 
 async def weigh(env: Env, tenant: Tenant, data: Path, op: str, session: tuple[str, int]) -> float:
