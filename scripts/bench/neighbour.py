@@ -64,10 +64,15 @@ class Window:
     seconds: float = 0.0
 
     def extra(self) -> dict[str, float]:
-        return {"p50_ms": pct(self.late, 0.5), "max_ms": max(self.late), "per_call_p99_ms": pct(self.emits, 0.99),
-                "per_call_p50_ms": pct(self.emits, 0.5), "emits": len(self.emits), "emit_errors": self.errors,
-                "window_s": self.seconds, "redis_ping_p99_ms": pct(self.pings, 0.99),
-                "redis_ping_max_ms": max(self.pings)}
+        return {"p50_ms": q(self.late, 0.5), "max_ms": q(self.late, 1.0), "per_call_p99_ms": q(self.emits, 0.99),
+                "per_call_p50_ms": q(self.emits, 0.5), "emits": len(self.emits), "emit_errors": self.errors,
+                "window_s": self.seconds, "redis_ping_p99_ms": q(self.pings, 0.99),
+                "redis_ping_max_ms": q(self.pings, 1.0)}
+
+
+def q(samples: Samples, quantile: float) -> float:
+    """pct, or NaN for a window that ended before its first sample (a load that stopped at once)."""
+    return pct(samples, quantile) if samples else math.nan
 
 
 def loads(env: Env) -> list[Load]:
@@ -110,7 +115,7 @@ async def loaded(env: Env, caller: LeanCaller, frame: bytes, count: int, load: L
         print(f"bench: noisy-neighbour: the {load.name} load failed: {exc!r}", file=sys.stderr, flush=True)
         return Figure(name, "ms", math.nan, pct(calm.late, 0.99), WITHIN, higher_is_better=False,
                       extra={"failed": 1})
-    return Figure(name, "ms", pct(seen.late, 0.99), pct(calm.late, 0.99), WITHIN, higher_is_better=False,
+    return Figure(name, "ms", q(seen.late, 0.99), pct(calm.late, 0.99), WITHIN, higher_is_better=False,
                   extra=seen.extra() | steps(run) | load.note())
 
 
