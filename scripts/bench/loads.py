@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+from redis.exceptions import RedisError
 from websockets.exceptions import ConnectionClosed
 
 from bench.harness import Env, Rpc, Samples
@@ -72,7 +73,7 @@ async def drive(load: Load, rpc: Rpc, stop: anyio.Event, run: LoadRun) -> None:
             try:
                 await load.step(rpc)
                 done += 1
-            except RuntimeError:  # a JSON-RPC error: the daemon refused this step
+            except (RuntimeError, RedisError):  # the daemon refused the step, or the bench's clean-up timed out
                 run.errors += 1
                 await anyio.sleep(0.01)
             run.ops.append((time.perf_counter() - started) * 1000)
