@@ -16,6 +16,10 @@
     host.py        the host's noise floor: a bare round trip between two processes, to read the others by
     emit.py, fanout.py, replay.py, memory.py, checkpoint.py, bridge.py, ingest.py, coordination.py,
     lifecycle.py, scale.py (cross-daemon CPU, connection density, deliveries per CPU-second)   the sections
+    neighbour.py   noisy-neighbour: another namespace's emit latency while one tenant runs a heavy load
+    loads.py       the tenant's loads it runs (leases, checkpoints, forks)
+    heavy.py       heavy-rss: the daemon's RSS growth per fork, suspend and resume, at two session sizes
+    tenant.py      a namespace of its own for those: its tokens and connections, heavy sessions in it
     peers.py       --peers: the OpenAI Agents SDK and Google ADK in their own virtualenv (bench_peers.py)
 
 Adding a section is one new module and one registry line:
@@ -28,6 +32,6 @@ Adding a section is one new module and one registry line:
 2. In `sections.py`, import the module and add one line to SECTIONS: `"<name>": <module>.measure,`.
    `scripts/bench.py --only <name>` then runs it alone.
 
-Sections import from `harness` (and `watch`, `receivers`, `cypher`), never from each other or from
-`driver`, so there is no import cycle.
+Sections import from `harness` (and `watch`, `receivers`, `cypher`, `daemons`, `tenant`, `loads`), never
+from each other or from `driver`, so there is no import cycle.
 """

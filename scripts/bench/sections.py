@@ -7,7 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from bench import bridge, checkpoint, coordination, emit, fanout, host, ingest, lifecycle, memory, replay, scale
+from bench import (
+    bridge,
+    checkpoint,
+    coordination,
+    emit,
+    fanout,
+    heavy,
+    host,
+    ingest,
+    lifecycle,
+    memory,
+    neighbour,
+    replay,
+    scale,
+)
 from bench.harness import Env, Figure
 
 Section = Callable[[Env], Awaitable[Figure | list[Figure]]]
@@ -36,4 +50,6 @@ SECTIONS: dict[str, Section] = {
     "emit-leases": coordination.emit_with_leases,
     "time-travel": lifecycle.time_travel,
     "lifecycle": lifecycle.moves,
+    "noisy-neighbour": neighbour.noisy_neighbour,
+    "heavy-rss": heavy.heavy_rss,
 }

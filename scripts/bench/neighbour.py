@@ -1,0 +1,201 @@
+"""Noisy neighbour: one namespace's event.emit latency while a tenant of another namespace runs a heavy
+load (loads.py: leases, checkpoints, forks), against the same emits with no load, in the same run.
+
+The victim is a lean client (receivers.LeanCaller, one request frame built once) emitting into its own
+session one event at a time on a fixed schedule (PACE a second), over a window that ends after 1,000
+emits (300 with --quick), when the load has spent its steps, or at the deadline (three times the
+window's planned length), whichever comes first. A load's figure is the victim's p99 under it beside
+its p99 with no load (the ratio must stay within 3x): the lower of the section's first window and of one
+right before the load's, as the host's other work changes within a minute. The first no-load window's
+figure stands beside the floor: the bare FCALL of the same emit (the Function the daemon calls),
+sequential, in the same run.
+
+Each emit's latency counts from when it was due on the schedule to its reply, so a long stall counts once
+for every emit it held back (the victim catches up after it with no pause), as an agent emitting at that
+rate lives it; counted from each send instead (`per_call_*` in the extras), a 1.4 s stall in a window of
+300 emits is one sample, and the p99 does not see it. A victim that cannot keep up at all (a stall on
+every request) falls behind by up to the whole window: its p99 is then the window's length.
+
+Beside every window a bare PING goes to Redis every 10 ms (`redis_ping_*` in the extras): a victim tail
+that comes with the PING's was Redis's (a long Function or graph query holding its one thread); one that
+comes alone was the daemon's (its event loop busy with the tenant's request).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+
+import anyio
+from redis.exceptions import TimeoutError as RedisTimeout
+
+from bench.harness import (
+    Env,
+    Figure,
+    Samples,
+    Target,
+    collect_when_due,
+    collector_between_calls,
+    floor_args,
+    new_session,
+    pct,
+    timed,
+)
+from bench.loads import Checkpoints, Forks, Leases, Load, LoadRun, drive
+from bench.receivers import LeanCaller, masked_frame, upgraded
+from bench.tenant import Tenant, tenant_ws
+from bench.watch import quiet
+
+PACE = 200  # victim emits a second
+PING_EVERY = 0.01  # seconds between the bare PINGs beside a window
+CALL_TIMEOUT = 60.0  # seconds: a victim's emit still unanswered then fails the window
+WITHIN = Target(3.0, on_ratio=True, below=True, text="<= 3 x the victim's p99 with no load")
+VICTIM_EVENT = {"type": "modified", "changeInfo": {"entityIds": ["fn:parse_config"]}}
+
+
+@dataclass
+class Window:
+    """The victim's emits in one window, the bare PINGs beside them, and how long it ran."""
+
+    emits: Samples = field(default_factory=list)
+    late: Samples = field(default_factory=list)  # from when each emit was due to its reply
+    errors: int = 0
+    pings: Samples = field(default_factory=list)
+    ping_timeouts: int = 0
+    seconds: float = 0.0
+
+    def extra(self) -> dict[str, float]:
+        return {"p50_ms": q(self.late, 0.5), "max_ms": q(self.late, 1.0), "per_call_p99_ms": q(self.emits, 0.99),
+                "per_call_p50_ms": q(self.emits, 0.5), "emits": len(self.emits), "emit_errors": self.errors,
+                "window_s": self.seconds, "redis_ping_p99_ms": q(self.pings, 0.99),
+                "redis_ping_max_ms": q(self.pings, 1.0), "redis_ping_timeouts": self.ping_timeouts}
+
+
+def q(samples: Samples, quantile: float) -> float:
+    """pct, or NaN for a window that ended before its first sample (a load that stopped at once)."""
+    return pct(samples, quantile) if samples else math.nan
+
+
+def loads(env: Env) -> list[Load]:
+    """The three loads, each by a tenant of its own, sized for the run."""
+    quick = env.quick
+    return [Leases(Tenant.new("leases"), 16 if quick else 50, 100_000, 10.0 if quick else 40.0),
+            Checkpoints(Tenant.new("checkpoints"), 20 if quick else 100),
+            Forks(Tenant.new("forks"), 10 if quick else 50, 15 if quick else 30)]
+
+
+async def noisy_neighbour(env: Env) -> list[Figure]:
+    """The victim's emit p99 with no load, then under each load in turn."""
+    count = 300 if env.quick else 1000
+    victim = Tenant.new("victim")
+    caller = await upgraded(env.port, victim.token("victim"), LeanCaller)
+    try:
+        frame = await emit_frame(caller)
+        await timed(100, lambda _: caller.call(frame), remote=True)  # warm
+        floor = await bare_emits(env, count)
+        await quiet(env)
+        calm = await window(env, caller, frame, count, None)
+        figures = [Figure("noisy-neighbour: other namespace's emit p99, no load", "ms",
+                          pct(calm.late, 0.99), pct(floor, 0.99), higher_is_better=False,
+                          extra=calm.extra() | {"floor_p50_ms": pct(floor, 0.5)})]
+        for load in loads(env):
+            figures.append(await loaded(env, caller, frame, count, load, calm))
+    finally:
+        assert caller.transport is not None
+        caller.transport.close()
+    return figures
+
+
+async def loaded(env: Env, caller: LeanCaller, frame: bytes, count: int, load: Load, first: Window) -> Figure:
+    """The victim's figure under one load, beside the lower no-load p99 of the section's first window and of
+    one just before the load's (a reference the host's noise raised would make the target easier); NaN,
+    said on stderr, when the load could not run (a daemon that refuses its set-up, say): the run's other
+    figures still print."""
+    name = f"noisy-neighbour: other namespace's emit p99, {load.name} load"
+    try:
+        calm, seen, run = await under(env, caller, frame, count, load)
+    except Exception as exc:  # any failure of one load is reported, not fatal to the run
+        print(f"bench: noisy-neighbour: the {load.name} load failed: {exc!r}", file=sys.stderr, flush=True)
+        return Figure(name, "ms", math.nan, None, WITHIN, higher_is_better=False, extra={"failed": 1})
+    reference = min(q(first.late, 0.99), q(calm.late, 0.99))
+    return Figure(name, "ms", q(seen.late, 0.99), reference, WITHIN, higher_is_better=False,
+                  extra=seen.extra() | {"no_load_before_p99_ms": q(calm.late, 0.99)} | steps(run) | load.note())
+
+
+async def emit_frame(caller: LeanCaller) -> bytes:
+    """The victim's session, and the masked frame of its event.emit."""
+    create = masked_frame(0x1, b'{"jsonrpc":"2.0","id":1,"method":"session.create","params":{}}')
+    sid = json.loads(await caller.call(create))["result"]["sessionId"]
+    return masked_frame(0x1, json.dumps({"jsonrpc": "2.0", "id": 2, "method": "event.emit",
+                                         "params": {"sessionId": sid, "event": VICTIM_EVENT}}).encode())
+
+
+async def bare_emits(env: Env, count: int) -> Samples:
+    """The floor: FCALL ms_emit of an event as the daemon sends it, sequential, with no load."""
+    fkeys, fargs = floor_args(env, await new_session(env, env.manager()))
+    return await timed(count, lambda _: env.redis.fcall("ms_emit", 4, *fkeys, *fargs), remote=True)
+
+
+async def under(env: Env, caller: LeanCaller, frame: bytes, count: int,
+                load: Load) -> tuple[Window, Window, LoadRun]:
+    """The load made ready; a window of the victim's emits with no load, then one while the load runs."""
+    try:
+        async with tenant_ws(env, load.tenant, "tenant") as rpc:
+            await load.setup(env, rpc)
+            await quiet(env)
+            calm = await window(env, caller, frame, count, None)
+            await quiet(env)
+            stop, run = anyio.Event(), LoadRun()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(drive, load, rpc, stop, run)
+                seen = await window(env, caller, frame, count, run.finished)
+                stop.set()
+    finally:
+        await load.cleanup(env)
+    return calm, seen, run
+
+
+async def window(env: Env, caller: LeanCaller, frame: bytes, count: int, ended: anyio.Event | None) -> Window:
+    """Up to `count` emits, one at a time at PACE a second, until `ended` is set or the deadline passes."""
+    seen, done = Window(), anyio.Event()
+
+    async def probe() -> None:
+        while not done.is_set():
+            started = time.perf_counter()
+            try:
+                await env.redis.ping()
+            except RedisTimeout:  # Redis held its thread past the client's socket timeout (5 s): a sample too
+                seen.ping_timeouts += 1
+            seen.pings.append((time.perf_counter() - started) * 1000)
+            await anyio.sleep(PING_EVERY)
+
+    deadline, start = 3 * count / PACE, time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(probe)
+        with collector_between_calls():
+            for i in range(count):
+                if (ended is not None and ended.is_set()) or time.perf_counter() - start > deadline:
+                    break
+                due = start + i / PACE
+                await anyio.sleep(max(0.0, due - time.perf_counter()))
+                sent = time.perf_counter()
+                with anyio.fail_after(CALL_TIMEOUT):  # a lean client does not notice a closed connection
+                    reply = await caller.call(frame)
+                replied = time.perf_counter()
+                seen.emits.append((replied - sent) * 1000)
+                seen.late.append((replied - due) * 1000)
+                seen.errors += b'"result"' not in reply
+                collect_when_due()
+        done.set()
+    seen.seconds = time.perf_counter() - start
+    return seen
+
+
+def steps(run: LoadRun) -> dict[str, float]:
+    """What the load did in the window."""
+    ops = run.ops or [0.0]
+    return {"load_steps": len(run.ops), "load_errors": run.errors, "load_step_p50_ms": pct(ops, 0.5),
+            "load_step_max_ms": max(ops)}
