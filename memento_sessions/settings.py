@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(default=10, ge=1, le=100_000)
     checkpoint_grace_ttl: int = Field(default=300, ge=1, le=86400)
     anchor_cap: int = Field(default=5, ge=1, le=1000)
+    anchor_chunk: int = Field(default=256, ge=1, le=100_000)  # entities anchored per graph query
+    checkpoint_max_entities: int = Field(default=2048, ge=1, le=1_000_000)  # past it: counted, not anchored
     anchor_max_age_days: Days = 7
     snapshot_max_age_days: Days = 30
     log_format: Literal["console", "json"] | None = None
