@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ByteSize, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
@@ -42,6 +42,8 @@ class Settings(BaseSettings):
     port: Port = 8765
     data_dir: Path = Path(".memento")
     embedded_redis_port: Port = 0
+    embedded_falkordb_port: Port = 0
+    redis_maxmemory: ByteSize = Field(default=ByteSize(2 * 1024**3), ge=0)  # each embedded Redis; 0: none
     embedded_postgres_port: Port = 0
     token: str | None = None
     ws_send_buffer: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)
