@@ -147,6 +147,17 @@ def move_graphs(source: EmbeddedRedis, target: EmbeddedRedis) -> int:
     """
     if not source.holds_old_graphs:
         return 0
+    try:
+        moved = _move(source, target)
+    except redis.RedisError as exc:
+        raise EmbeddedStartError(f"moving the graphs from {source.directory} to {target.directory} failed ({exc}); "
+                                 "nothing is lost, the move is tried again at the next start (a graphs' server "
+                                 "at its maxmemory needs a larger MEMENTO_REDIS_MAXMEMORY)") from None
+    source.graph_free_marker.touch(0o600)
+    return moved
+
+
+def _move(source: EmbeddedRedis, target: EmbeddedRedis) -> int:
     moved = 0
     with _client(source) as old, _client(target) as new:
         for name in old.execute_command("GRAPH.LIST"):
@@ -158,7 +169,6 @@ def move_graphs(source: EmbeddedRedis, target: EmbeddedRedis) -> int:
         old.config_set("aof-use-rdb-preamble", "no")  # an RDB preamble carries FalkorDB's data: rewrite as commands
         old.bgrewriteaof()
         _wait_rewrite(old)
-    source.graph_free_marker.touch(0o600)
     return moved
 
 
