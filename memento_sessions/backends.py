@@ -14,7 +14,7 @@ from falkordb.asyncio import FalkorDB
 from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ClusterError, RedisClusterException, SlotNotCoveredError, TryAgainError
+from redis.exceptions import ClusterError, RedisClusterException, ResponseError, SlotNotCoveredError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -55,6 +55,16 @@ def translated(backend: str) -> Iterator[None]:
         yield
     except UNAVAILABLE as exc:
         raise BackendUnavailable(f"{backend}: {exc}") from exc
+    except ResponseError as exc:
+        if not out_of_memory(exc):
+            raise
+        raise BackendUnavailable(f"{backend}: {exc}") from exc
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """A Redis at its maxmemory refused a write (`OOM command not allowed ...`), as such or translated."""
+    cause = exc.__cause__ if isinstance(exc, BackendUnavailable) and exc.__cause__ is not None else exc
+    return isinstance(cause, ResponseError) and str(cause).startswith("OOM ")
 
 
 def redis_client(url: str) -> aioredis.Redis:
@@ -200,9 +210,13 @@ def falkordb_client(url: str) -> FalkorDB:
 
 
 @asynccontextmanager
-async def open_backends(settings: Settings, redis_url: str, postgres_dsn: str | None) -> AsyncIterator[Backends]:
-    """Open the clients (lazily connected) and close them on exit."""
-    falkor_url = settings.falkordb_url or redis_url
+async def open_backends(settings: Settings, redis_url: str, postgres_dsn: str | None,
+                        falkordb_url: str | None = None) -> AsyncIterator[Backends]:
+    """Open the clients (lazily connected) and close them on exit.
+
+    The graphs are on MEMENTO_FALKORDB_URL, else on `falkordb_url` (the embedded graphs' server), else in the
+    Redis of `redis_url`."""
+    falkor_url = settings.falkordb_url or falkordb_url or redis_url
     backends = Backends(
         redis=redis_client(redis_url),
         falkordb=falkordb_client(falkor_url),

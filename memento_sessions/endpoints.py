@@ -17,10 +17,11 @@ from memento_sessions.settings import Settings
 
 @dataclass(frozen=True)
 class Endpoints:
-    """The URLs the services connect to."""
+    """The URLs the services connect to; `falkordb_url` None: the graphs live in the Redis of `redis_url`."""
 
     redis_url: str
     postgres_dsn: str | None
+    falkordb_url: str | None = None
 
 
 def runtime_file(settings: Settings) -> Path:
@@ -60,7 +61,9 @@ def resolve(settings: Settings) -> Endpoints:
             ) from None
     redis_url = settings.redis_url or runtime.get("redis_url")
     assert redis_url is not None
-    return Endpoints(redis_url, postgres_dsn(settings, runtime.get("postgres_dsn")))
+    # The embedded graphs' server goes with the embedded Redis only, never with a Redis given by URL.
+    falkordb_url = settings.falkordb_url or (runtime.get("falkordb_url") if settings.redis_url is None else None)
+    return Endpoints(redis_url, postgres_dsn(settings, runtime.get("postgres_dsn")), falkordb_url)
 
 
 def postgres_dsn(settings: Settings, embedded: str | None) -> str | None:

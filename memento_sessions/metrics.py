@@ -38,6 +38,9 @@ WS_REFUSED = Counter("memento_ws_refused_total", "WebSocket handshakes, subscrip
 
 CHECKPOINTS = Counter("memento_checkpoints_total", "Checkpoints written", ["outcome"])
 KG_ANCHORS_WRITTEN = Counter("memento_kg_anchors_written_total", "SessionAnchor links written to the KG")
+CHECKPOINT_ENTITIES_SKIPPED = Counter("memento_checkpoint_entities_skipped_total",
+                                      "Entities of checkpoint windows past MEMENTO_CHECKPOINT_MAX_ENTITIES: counted, "
+                                      "not anchored")
 FAILURE_SNAPSHOTS = Counter("memento_failure_snapshots_total", "Failure snapshots stored in Postgres")
 SNAPSHOTS_DEFERRED = Counter("memento_snapshots_deferred_total",
                              "Failure snapshots Postgres could not take at once, kept in Redis until it does")

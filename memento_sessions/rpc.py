@@ -15,7 +15,7 @@ import pydantic_core
 from pydantic import BaseModel, ValidationError
 
 from memento_sessions.auth import Identity
-from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.backends import UNAVAILABLE, out_of_memory
 from memento_sessions.errors import (
     BackendUnavailable,
     InvalidParams,
@@ -104,6 +104,10 @@ class Registry:
             return await method.handler(call, params)
         except FAILURES as exc:
             raise unavailable(exc, call, method.name, request_id) from None
+        except Exception as exc:
+            if not out_of_memory(exc):
+                raise
+            raise unavailable(exc, call, method.name, request_id) from None
 
 
 # The one place a backend failure becomes what a client sees. Driver messages name hosts, ports and
@@ -113,12 +117,16 @@ BACKENDS = {"redis": "Redis", "falkordb": "FalkorDB", "postgres": "Postgres"}
 
 
 def unavailable(exc: BaseException, call: Call, method: str, request_id: Any) -> BackendUnavailable:
-    """`backend unavailable: Postgres` with `data.backend`, counted and logged with the request id."""
+    """`backend unavailable: Postgres` with `data.backend`, counted and logged with the request id; a Redis at
+    its maxmemory (which refuses writes rather than evict data) adds `data.reason: "outOfMemory"`."""
     backend = backend_name(exc)
     BACKEND_ERRORS.labels(backend).inc()
     log.warning("backend unavailable", backend=backend, method=method, request_id=request_id,
                 agent_id=call.identity.agent_id, namespace=call.identity.namespace,
                 conn_id=call.peer.conn_id if call.peer else None, error=_cause(exc))
+    if out_of_memory(exc):
+        return BackendUnavailable(f"backend out of memory: {BACKENDS[backend]} refuses writes",
+                                  {"backend": backend, "reason": "outOfMemory"})
     return BackendUnavailable(f"backend unavailable: {BACKENDS[backend]}", {"backend": backend})
 
 

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ByteSize, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     checkpoint_every: int = Field(default=10, ge=1, le=100_000)
     checkpoint_grace_ttl: int = Field(default=300, ge=1, le=86400)
     anchor_cap: int = Field(default=5, ge=1, le=1000)
+    anchor_chunk: int = Field(default=256, ge=1, le=100_000)  # entities anchored per graph query
+    checkpoint_max_entities: int = Field(default=2048, ge=1, le=1_000_000)  # past it: counted, not anchored
     anchor_max_age_days: Days = 7
     snapshot_max_age_days: Days = 30
     log_format: Literal["console", "json"] | None = None
@@ -40,6 +42,8 @@ class Settings(BaseSettings):
     port: Port = 8765
     data_dir: Path = Path(".memento")
     embedded_redis_port: Port = 0
+    embedded_falkordb_port: Port = 0
+    redis_maxmemory: ByteSize = Field(default=ByteSize(2 * 1024**3), ge=0)  # each embedded Redis; 0: none
     embedded_postgres_port: Port = 0
     token: str | None = None
     ws_send_buffer: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)

@@ -1,8 +1,10 @@
-"""Real backends for the whole test session: the embedded redis-server (with FalkorDB) and Postgres.
+"""Real backends for the whole test session: the embedded redis-servers and Postgres, as the daemon runs them by
+default: one Redis for the sessions, one with FalkorDB for the graphs (MEMENTO_FALKORDB_URL of the settings).
 
 Set MEMENTO_TEST_REDIS_URL and/or MEMENTO_TEST_POSTGRES_DSN to use servers of your own instead (the other
-one is started). When neither is set, a Docker engine is reachable and testcontainers is installed,
-containers are started instead of the embedded servers (MEMENTO_TEST_DOCKER=0 turns that off).
+one is started); a Redis given so holds the graphs too (it needs FalkorDB). When neither is set, a Docker
+engine is reachable and testcontainers is installed, containers are started instead of the embedded servers
+(MEMENTO_TEST_DOCKER=0 turns that off).
 Helpers that tests import (SECRET, token, make_settings) live in tests/helpers.py.
 MEMENTO_TEST_TOPOLOGY=cluster runs the suite on a local 3-primary Redis Cluster (tests/cluster.py) with
 the embedded Redis as a standalone FalkorDB; the tests whose subject does not depend on the Redis
@@ -98,7 +100,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="session")
 def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
-    """Redis+FalkorDB and Postgres for every test of the session."""
+    """Redis, FalkorDB and Postgres for every test of the session."""
     redis_url = os.environ.get("MEMENTO_TEST_REDIS_URL")
     postgres_dsn = os.environ.get("MEMENTO_TEST_POSTGRES_DSN")
     if use_containers(redis_url, postgres_dsn, docker_reachable()):
@@ -116,11 +118,14 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
         _FALKORDB.append(falkordb.url)
         os.environ["MEMENTO_FALKORDB_URL"] = falkordb.url  # for the daemon processes tests start with os.environ
         redis_url = cluster.url
-    if not redis_url:
-        redis = EmbeddedRedis(base / "redis")
-        redis.start()
-        started.append(redis)
-        redis_url = redis.url
+    graphs_url = _FALKORDB[0] if _FALKORDB else None
+    if not redis_url:  # as the daemon runs them by default: the sessions' Redis, and the graphs' of their own
+        graphs, redis = EmbeddedRedis(base / "falkordb", name="falkordb"), EmbeddedRedis(base / "redis", falkordb=False)
+        for own in (graphs, redis):
+            own.start()
+            started.append(own)
+        _FALKORDB.append(graphs.url)
+        redis_url, graphs_url = redis.url, graphs.url
     if not redis_url.startswith("redis+cluster://"):
         _SINGLE[:] = [redis_url]
     if not postgres_dsn:
@@ -129,7 +134,7 @@ def backend_urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints
         started.append(postgres)
         postgres_dsn = postgres.url
     try:
-        yield Endpoints(redis_url, postgres_dsn)
+        yield Endpoints(redis_url, postgres_dsn, graphs_url)
     finally:
         for server in started:
             server.stop()

@@ -1,7 +1,7 @@
 """What tests import besides fixtures: the tests' secret and tokens, settings on the session's servers.
 
-conftest.py holds the fixtures and starts the servers; it records here where the graphs live in the
-cluster run (FALKORDB, SINGLE), which make_settings reads.
+conftest.py holds the fixtures and starts the servers; it records here where the graphs live (FALKORDB, SINGLE),
+which make_settings reads.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from memento_sessions.endpoints import Endpoints
 from memento_sessions.settings import Settings, load_settings
 
 SECRET = "test-secret-that-is-long-enough-0123456789"
-FALKORDB: list[str] = []  # the standalone FalkorDB's URL, in the cluster run
-SINGLE: list[str] = []  # the session's single Redis (with FalkorDB), in the single run
+FALKORDB: list[str] = []  # the graphs' own server (the embedded default, and the cluster run's standalone FalkorDB)
+SINGLE: list[str] = []  # the session's single Redis, in the single run
 
 
 def token(agent: str, namespace: str = "default", scope: str = "sessions:read sessions:write",
@@ -26,10 +26,13 @@ def token(agent: str, namespace: str = "default", scope: str = "sessions:read se
 
 
 def falkordb_url(urls: Endpoints) -> str | None:
-    """Where the graphs live: the standalone FalkorDB when the Redis URL is a cluster's."""
+    """Where the graphs live: their own server when there is one (always beside a cluster), else None: in the
+    Redis of the URL (one given with MEMENTO_TEST_REDIS_URL, which then serves test_cluster's graphs too)."""
+    if urls.falkordb_url is not None:
+        return urls.falkordb_url
     if not urls.redis_url.startswith("redis+cluster://"):
         return None
-    return (FALKORDB or SINGLE)[0]  # in the single run, the session's Redis serves test_cluster's graphs
+    return (FALKORDB or SINGLE)[0]
 
 
 def make_settings(urls: Endpoints, data_dir: Path, **overrides: object) -> Settings:

@@ -220,3 +220,30 @@ async def test_only_the_lease_holder_runs_the_periodic_job(backends: Backends) -
     assert sorted(runs.values())[0] == 0
     assert 5 <= sorted(runs.values())[1] <= 11
     assert await backends.redis.exists(key) == 0  # released on shutdown
+
+
+async def graph_queries(backends: Backends) -> int:
+    """GRAPH.QUERY calls the graphs' server has run so far."""
+    stats = await backends.falkordb.connection.info("commandstats")
+    return int(stats.get("cmdstat_graph.QUERY", {}).get("calls", 0))
+
+
+async def test_a_checkpoint_of_many_entities_is_written_a_chunk_per_query(backends: Backends, graph: Graph) -> None:
+    entities = tuple(f"svc.chunk.fn{i:04d}" for i in range(1000))
+    before = await graph_queries(backends)
+    created = await write_anchor(graph, "cp-big", "s-1", summary(*entities), NOW, cap=5, chunk=100)
+    assert await graph_queries(backends) - before == 10  # 1,000 entities, 100 per query
+    assert created == 1000
+    assert await count(graph, "MATCH (a:SessionAnchor)-[r:ANCHORS]->() RETURN count(r)") == 1000
+    assert await count(graph, "MATCH (a:SessionAnchor) RETURN count(a)") == 1
+    again = await write_anchor(graph, "cp-big", "s-1", summary(*entities), NOW, cap=5, chunk=300)
+    assert again == 0  # a retry of the same checkpoint, chunked differently, adds nothing
+
+
+async def test_chunks_trim_each_entity_to_its_newest_anchors(graph: Graph) -> None:
+    entities = tuple(f"e{i}" for i in range(7))
+    for i in range(1, 4):
+        await write_anchor(graph, f"cp-{i}", "s-1", summary(*entities), NOW + timedelta(seconds=i), cap=2, chunk=3)
+    assert {entity: await anchors_of(graph, entity) for entity in entities} == {
+        entity: ["cp-2", "cp-3"] for entity in entities}
+    assert await count(graph, "MATCH (a:SessionAnchor) RETURN count(a)") == 2  # cp-1 lost every link: deleted

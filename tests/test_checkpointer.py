@@ -15,7 +15,7 @@ from memento_sessions.backends import falkordb_client
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.helpers import falkordb_url, make_settings, token
+from tests.helpers import falkordb_url, make_settings, sample, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -175,3 +175,32 @@ async def test_kg_upsert_needs_kg_write_and_names_bad_fields(daemon: Daemon, nam
     rows = (await graph.query("MATCH (e {id: 'fn:read'})-[:MEMBER_OF_CLUSTER]->(c) RETURN c.name")).result_set
     await db.connection.aclose()
     assert rows == [["I/O"]]
+
+
+async def test_entities_past_the_cap_are_counted_not_anchored(backend_urls: Endpoints, tmp_path: Path,
+                                                              namespace: str) -> None:
+    settings = make_settings(backend_urls, tmp_path, checkpoint_max_entities=40, anchor_chunk=16,
+                             checkpoint_every=1000)
+    skipped = sample("memento_checkpoint_entities_skipped_total")
+    async with running(settings) as daemon, rpc(daemon.port, token("alice", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"type": "modified", "changeInfo": {"entityIds": [f"fn:{i:03d}.{j}" for j in range(10)]},
+             "impact": {"severity": "high"}} for i in range(10)]})
+        result = await a.call("session.checkpoint", {"sessionId": sid})
+    named = sorted(f"fn:{i:03d}.{j}" for i in range(10) for j in range(10))
+    assert result["entityIds"] == named[:40] and result["entitiesSkipped"] == 60
+    assert len(result["keyImpacts"]) == 40
+    assert sample("memento_checkpoint_entities_skipped_total") - skipped == 60
+    assert [len(await anchors_on(backend_urls, namespace, entity)) for entity in (named[0], named[39])] == [1, 1]
+    assert await anchors_on(backend_urls, namespace, named[40]) == []
+    links = await graph_rows(backend_urls, namespace, "MATCH (:SessionAnchor)-[r:ANCHORS]->() RETURN count(r)")
+    assert links == [[40]]
+
+
+async def graph_rows(urls: Endpoints, namespace: str, query: str) -> list[list[Any]]:
+    db = falkordb_client(falkordb_url(urls) or urls.redis_url)
+    try:
+        return list((await db.select_graph(f"{GRAPH_PREFIX}_{namespace}").query(query)).result_set)
+    finally:
+        await db.connection.aclose()

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from memento_sessions.embedded.process import as_user
-from memento_sessions.embedded.redis import EmbeddedRedis
+from memento_sessions.embedded.redis import EmbeddedRedis, move_graphs
 from memento_sessions.endpoints import Endpoints
 
 
@@ -211,3 +211,55 @@ async def retire_idle_workers() -> None:
             tg.start_soon(anyio.to_thread.run_sync, time.sleep, delay)
             await anyio.sleep(0.01)
     await anyio.to_thread.run_sync(time.sleep, 0)
+
+
+def graph_count(url: str, graph: str) -> int:
+    with redis.Redis.from_url(url) as client:
+        reply = client.execute_command("GRAPH.QUERY", graph, "MATCH (n:N) RETURN count(n)")
+    return int(reply[1][0][0])
+
+
+def test_graphs_an_older_version_kept_with_the_sessions_move_to_the_graphs_server(tmp_path: Path) -> None:
+    """A data dir from before the split: its sessions' Redis starts with FalkorDB once, its graphs move, and from
+    then on it starts without FalkorDB, its other keys kept."""
+    old = EmbeddedRedis(tmp_path / "redis")  # the single server of an older version, FalkorDB loaded
+    old.start()
+    try:
+        with redis.Redis.from_url(old.url) as client:
+            client.set("memento:kept", "yes")
+            client.execute_command("GRAPH.QUERY", "memento_a", "UNWIND range(1, 500) AS i CREATE (:N {i: i})")
+    finally:
+        old.stop()
+    sessions = EmbeddedRedis(tmp_path / "redis", falkordb=False)
+    graphs = EmbeddedRedis(tmp_path / "falkordb", name="falkordb")
+    assert sessions.holds_old_graphs and "--loadmodule" in sessions.argv()
+    for server in (sessions, graphs):
+        server.start()
+    try:
+        assert move_graphs(sessions, graphs) == 1
+        assert graph_count(graphs.url, "memento_a") == 500
+    finally:
+        sessions.stop()
+    again = EmbeddedRedis(tmp_path / "redis", falkordb=False)
+    assert not again.holds_old_graphs and "--loadmodule" not in again.argv()
+    again.start()  # its rewritten AOF loads without the module
+    try:
+        with redis.Redis.from_url(again.url) as client:
+            assert client.get("memento:kept") == b"yes" and client.exists("memento_a") == 0
+        assert move_graphs(again, graphs) == 0
+    finally:
+        again.stop()
+        graphs.stop()
+
+
+def test_a_new_sessions_redis_never_loads_falkordb(tmp_path: Path) -> None:
+    server = EmbeddedRedis(tmp_path / "redis", falkordb=False, maxmemory=64 * 1024 * 1024)
+    server.start()
+    try:
+        assert "--loadmodule" not in server.argv()
+        with redis.Redis.from_url(server.url, decode_responses=True) as client:
+            assert client.config_get("maxmemory") == {"maxmemory": str(64 * 1024 * 1024)}
+            with pytest.raises(redis.ResponseError, match="unknown command"):
+                client.execute_command("GRAPH.LIST")
+    finally:
+        server.stop()

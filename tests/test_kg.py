@@ -134,7 +134,9 @@ def cli_env(monkeypatch: pytest.MonkeyPatch, backend_urls: Endpoints, tmp_path: 
     monkeypatch.setenv("MEMENTO_POSTGRES_DSN", backend_urls.postgres_dsn or "off")
     monkeypatch.setenv("MEMENTO_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("MEMENTO_LOG_LEVEL", "warning")
-    db = FalkorDB.from_url(falkordb_url(backend_urls) or backend_urls.redis_url)  # the graphs' server
+    if (graphs := falkordb_url(backend_urls)) is not None:
+        monkeypatch.setenv("MEMENTO_FALKORDB_URL", graphs)
+    db = FalkorDB.from_url(graphs or backend_urls.redis_url)  # the graphs' server
     yield db
     db.connection.close()
 

@@ -33,7 +33,7 @@ def kg_load(data_dir: Path, path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def incr_aof_bytes(data_dir: Path) -> int:
-    return sum(path.stat().st_size for path in (data_dir / "redis" / "appendonlydir").glob("*.incr.aof"))
+    return sum(path.stat().st_size for path in (data_dir / "falkordb" / "appendonlydir").glob("*.incr.aof"))
 
 
 def test_a_restart_after_loading_a_10000_node_graph_is_ready_within_2s(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_a_restart_after_loading_a_10000_node_graph_is_ready_within_2s(tmp_path:
     """
     data_dir = tmp_path / "data"
     load_graph(data_dir, tmp_path / "kg.jsonl")
-    redis_server = EmbeddedRedis(data_dir / "redis")
+    redis_server = EmbeddedRedis(data_dir / "falkordb", name="falkordb")  # the graphs' own server
     started = time.monotonic()
     redis_server.start()
     try:

@@ -165,7 +165,7 @@ async def daemon_process(urls: Endpoints, tmp: Path) -> AsyncIterator[int]:
     port = free_port()
     env = {**os.environ, "MEMENTO_REDIS_URL": urls.redis_url, "MEMENTO_POSTGRES_DSN": urls.postgres_dsn or "off",
            "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_PORT": str(port), "MEMENTO_DATA_DIR": str(tmp / str(port)),
-           "MEMENTO_LOG_LEVEL": "warning"}
+           "MEMENTO_LOG_LEVEL": "warning"} | ({"MEMENTO_FALKORDB_URL": urls.falkordb_url} if urls.falkordb_url else {})
     proc = subprocess.Popen([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env)
     try:
         with anyio.fail_after(30):

@@ -1,7 +1,9 @@
 """The summary of a checkpoint window: a pure function of the window's events and the session state.
 
 Events are the wire dicts of SPEC section 4 (camelCase), as stored in the session's ZSET.
-Optional objects may be absent or null; both read as empty.
+Optional objects may be absent or null; both read as empty. A window naming more distinct entities than
+the checkpoint's cap keeps the first `max_entities` of them in id order (the same on every daemon) and
+counts the rest in `entities_skipped`: what a checkpoint writes to the graph, stores and returns is bounded.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Summary:
     entity_ids: tuple[str, ...]
     from_seq: int
     to_seq: int
+    entities_skipped: int = 0
 
     def to_wire(self) -> dict[str, Any]:
         """The camelCase fields of the `session.checkpoint` result."""
@@ -35,18 +38,25 @@ class Summary:
         }
 
 
-def aggregate(events: list[dict[str, Any]], state: str) -> Summary:
-    """Summarise the window `events`; `state` is the session state at the checkpoint (the outcome)."""
+def aggregate(events: list[dict[str, Any]], state: str, max_entities: int | None = None) -> Summary:
+    """Summarise the window `events`; `state` is the session state at the checkpoint (the outcome).
+
+    At most `max_entities` entity ids (and key impacts) are kept; the entities past it are counted.
+    """
     seqs = [int(event["seq"]) for event in events if "seq" in event]
+    entities = sorted({entity for event in events for entity in _entity_ids(event)})
+    kept = len(entities) if max_entities is None else min(len(entities), max_entities)
+    impacts = _unique(impact for event in events for impact in _key_impacts(event))
     return Summary(
         outcome=state,
         broke_during=any(_breaks(event) for event in events),
-        key_impacts=_unique(impact for event in events for impact in _key_impacts(event)),
+        key_impacts=impacts if max_entities is None else impacts[:max_entities],
         perf_delta=float(sum(_perf_delta(event) for event in events)),
         actors=tuple(sorted({str(event["actor"]) for event in events if event.get("actor")})),
-        entity_ids=tuple(sorted({entity for event in events for entity in _entity_ids(event)})),
+        entity_ids=tuple(entities[:kept]),
         from_seq=min(seqs, default=0),
         to_seq=max(seqs, default=0),
+        entities_skipped=len(entities) - kept,
     )
 
 

@@ -1,8 +1,11 @@
 """Checkpoint anchors on the knowledge graph: `(:SessionAnchor)-[:ANCHORS]->(:CodebaseEntity)`.
 
-One query writes an anchor and trims every touched entity to its newest `cap` anchors, so a
-checkpoint costs one round trip and FalkorDB (which runs a graph's writes one at a time) applies it
-atomically: two daemons writing the same checkpointId leave one anchor. See docs/checkpoints.md.
+One query writes an anchor on a chunk of at most `chunk` entities and trims each of them to its newest
+`cap` anchors; a checkpoint naming more entities runs one such query per chunk. FalkorDB runs a graph's
+writes one at a time and holds its server's one thread for each query: the chunks bound that hold, and
+every other client of the server gets in between two of them. Each query merges by checkpointId, so two
+daemons writing the same checkpoint (or a retry after a failed chunk) leave one anchor with one link per
+entity. See docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -80,15 +83,18 @@ def anchor_props(session_id: str, summary: Summary, timestamp: datetime, externa
 
 
 async def write_anchor(graph: Graph, checkpoint_id: str, session_id: str, summary: Summary,
-                       timestamp: datetime, cap: int, external_ref: str | None = None) -> int:
-    """Anchor the checkpoint on each entity of `summary`, keep the newest `cap` per entity; links created."""
-    if not summary.entity_ids:
-        return 0  # an anchor on nothing could never be found or trimmed
-    result = await graph.query(WRITE_ANCHOR, {
-        "checkpointId": checkpoint_id, "entityIds": list(summary.entity_ids), "cap": cap,
-        "props": anchor_props(session_id, summary, timestamp, external_ref),
-    })
-    return int(result.relationships_created)
+                       timestamp: datetime, cap: int, external_ref: str | None = None, chunk: int = 256) -> int:
+    """Anchor the checkpoint on each entity of `summary`, `chunk` entities per query, and keep the newest `cap`
+    anchors per entity; links created."""
+    props = anchor_props(session_id, summary, timestamp, external_ref)
+    created = 0
+    for start in range(0, len(summary.entity_ids), chunk):  # no entity: no anchor (it could never be found)
+        result = await graph.query(WRITE_ANCHOR, {
+            "checkpointId": checkpoint_id, "entityIds": list(summary.entity_ids[start:start + chunk]), "cap": cap,
+            "props": props,
+        })
+        created += int(result.relationships_created)
+    return created
 
 
 async def prune_anchors(graph: Graph, older_than: timedelta, now: datetime | None = None) -> int:

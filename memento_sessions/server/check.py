@@ -13,7 +13,7 @@ from memento_sessions.settings import Settings
 async def check(settings: Settings) -> int:
     """Probe Redis, FalkorDB and Postgres; print one line each."""
     endpoints = resolve(settings)
-    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends:
+    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn, endpoints.falkordb_url) as backends:
         checks = probes(backends)
         health = Health(list(checks))
         for name, probe in checks.items():

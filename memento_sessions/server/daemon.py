@@ -17,7 +17,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from memento_sessions.embedded.datadir import DataDirLock, auth_secret
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import ChildServer
-from memento_sessions.embedded.redis import EmbeddedRedis
+from memento_sessions.embedded.redis import EmbeddedRedis, move_graphs
 from memento_sessions.endpoints import Endpoints, postgres_dsn, remove_runtime, write_runtime
 from memento_sessions.errors import ConfigError
 from memento_sessions.logs import get_logger, guard_library_logs
@@ -44,10 +44,19 @@ class _Server(uvicorn.Server):
 
 
 def embedded_servers(settings: Settings) -> list[ChildServer]:
-    """The servers this daemon must run itself: those whose URL was not given."""
+    """The servers this daemon must run itself: those whose URL was not given.
+
+    The embedded Redis holds the sessions, without FalkorDB; the graphs get a redis-server with FalkorDB of
+    their own (unless MEMENTO_FALKORDB_URL names one), so no graph query can stall a session's emit.
+    """
     servers: list[ChildServer] = []
+    data, maxmemory = settings.data_dir.resolve(), settings.redis_maxmemory
     if settings.redis_url is None:
-        servers.append(EmbeddedRedis(settings.data_dir.resolve() / "redis", settings.embedded_redis_port))
+        servers.append(EmbeddedRedis(data / "redis", settings.embedded_redis_port, falkordb=False,
+                                     maxmemory=maxmemory))
+        if settings.falkordb_url is None:
+            servers.append(EmbeddedRedis(data / "falkordb", settings.embedded_falkordb_port, maxmemory=maxmemory,
+                                         name="falkordb"))
     if settings.postgres_dsn is None:
         servers.append(EmbeddedPostgres(settings.data_dir.resolve() / "postgres", settings.embedded_postgres_port))
     return servers
@@ -56,7 +65,17 @@ def embedded_servers(settings: Settings) -> list[ChildServer]:
 def endpoints_of(settings: Settings, servers: list[ChildServer]) -> Endpoints:
     urls = {server.name: server.url for server in servers}
     redis_url = settings.redis_url or urls["redis"]
-    return Endpoints(redis_url, postgres_dsn(settings, urls.get("postgres")))
+    falkordb_url = settings.falkordb_url or urls.get("falkordb")
+    return Endpoints(redis_url, postgres_dsn(settings, urls.get("postgres")), falkordb_url)
+
+
+async def move_old_graphs(servers: list[ChildServer]) -> None:
+    """Move the graphs an older version kept in the sessions' Redis to the graphs' own server (once)."""
+    named = {server.name: server for server in servers if isinstance(server, EmbeddedRedis)}
+    if "redis" in named and "falkordb" in named:
+        moved = await anyio.to_thread.run_sync(move_graphs, named["redis"], named["falkordb"])
+        if moved:
+            log.warning("graphs moved from the sessions' Redis to the graphs' own server", graphs=moved)
 
 
 async def start_all(servers: list[ChildServer]) -> None:
@@ -149,6 +168,7 @@ class Daemon:
             self._sock = sock
             try:
                 await start_all(self.servers)
+                await move_old_graphs(self.servers)
                 await self._serve(endpoints_of(self.settings, self.servers), task_status)
             finally:
                 await anyio.to_thread.run_sync(stop_all, self.servers)
@@ -164,7 +184,7 @@ class Daemon:
         secret = self.settings.auth_secret or auth_secret(self.settings.data_dir)
         async with AsyncExitStack() as stack:
             backends = await stack.enter_async_context(open_backends(self.settings, endpoints.redis_url,
-                                                                     endpoints.postgres_dsn))
+                                                                     endpoints.postgres_dsn, endpoints.falkordb_url))
             self.services = await stack.enter_async_context(open_services(self.settings, backends,
                                                                            endpoints.redis_url))
             tg = await stack.enter_async_context(anyio.create_task_group())

@@ -49,6 +49,7 @@ async def serve_stdio(settings: Settings, identity: Identity) -> None:
     from memento_sessions.server.services import open_services
 
     endpoints = resolve(settings)
-    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn) as backends, \
+    async with open_backends(settings, endpoints.redis_url, endpoints.postgres_dsn,
+                             endpoints.falkordb_url) as backends, \
             open_services(settings, backends, endpoints.redis_url) as services:
         await serve(services.registry, identity, settings.mcp_rate_limit)
