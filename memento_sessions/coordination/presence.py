@@ -17,10 +17,11 @@ from typing import Any
 
 import anyio
 import pydantic_core
+from redis.exceptions import ResponseError
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
-from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.backends import UNAVAILABLE, out_of_memory
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
@@ -188,6 +189,10 @@ class Presence:
                 await work()
             except UNAVAILABLE as exc:
                 log.warning("presence update lost: Redis unavailable", error=repr(exc))
+            except ResponseError as exc:  # a Redis at its maxmemory refuses the write: lost, not fatal
+                if not out_of_memory(exc):
+                    raise
+                log.warning("presence update lost: Redis out of memory", error=repr(exc))
         if self.spawn is not None:
             self.spawn(run)
 
