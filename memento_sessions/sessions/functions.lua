@@ -228,23 +228,33 @@ local function snapshot_at(keys, args)
   return {best, redis.call('HGET', keys[4], '~snap:' .. best)}
 end
 
--- Keep at most `cap` snapshots: drop the oldest, but never the newest one at or below compacted (the
--- base every rehydration of the compacted range needs).
-local function trim_snapshots(keys, seqs, cap, compacted)
-  local keep = 0
-  for _, s in ipairs(seqs) do if s <= compacted and s > keep then keep = s end end
-  while #seqs > cap do
-    local drop = 1
-    if seqs[1] == keep then drop = 2 end
-    redis.call('HDEL', keys[4], '~snap:' .. seqs[drop])
-    table.remove(seqs, drop)
+-- Keep at most `cap` snapshots and at most `max_bytes` of them (MEMENTO_SNAPSHOT_MAX_BYTES; absent: no byte
+-- bound): drop the oldest, but never the newest one at or below compacted (the base every rehydration of
+-- the compacted range needs) nor the newest of all (the one just stored).
+local function trim_snapshots(keys, seqs, cap, compacted, max_bytes)
+  local keep, sizes, total = 0, {}, 0
+  for _, s in ipairs(seqs) do
+    if s <= compacted and s > keep then keep = s end
+    sizes[s] = redis.call('HSTRLEN', keys[4], '~snap:' .. s)
+    total = total + sizes[s]
+  end
+  local i = 1
+  while (#seqs > cap or (max_bytes and total > max_bytes)) and i < #seqs do
+    if seqs[i] == keep then
+      i = i + 1
+    else
+      redis.call('HDEL', keys[4], '~snap:' .. seqs[i])
+      total = total - sizes[seqs[i]]
+      table.remove(seqs, i)
+    end
   end
   return seqs
 end
 
 -- Store a snapshot of the folded state at `seq`, folded from the snapshot at `base` plus the events after
 -- it; with compact = 1 also remove the events up to `seq` and record compactedSeq, then publish.
--- ARGV: now_ms, seq, base, data, compact, max_snapshots, channel, frame, announce_channel, announce_frame.
+-- ARGV: now_ms, seq, base, data, compact, max_snapshots, channel, frame, announce_channel, announce_frame,
+-- max_bytes (optional).
 -- RETRY when a compaction removed events after `base` meanwhile (the fold may have missed some).
 local function snapshot(keys, args)
   local cur, compacted = unpack(redis.call('HMGET', keys[1], 'seq', 'compactedSeq'))
@@ -263,7 +273,7 @@ local function snapshot(keys, args)
     redis.call('HSET', keys[1], 'compactedSeq', seq)
     compacted = seq
   end
-  seqs = trim_snapshots(keys, seqs, tonumber(args[6]), compacted)
+  seqs = trim_snapshots(keys, seqs, tonumber(args[6]), compacted, tonumber(args[11]))
   redis.call('HSET', keys[4], '~snaps', table.concat(seqs, ' '))
   local pttl = redis.call('PTTL', keys[1])
   if pttl > 0 then redis.call('PEXPIRE', keys[4], pttl) end
