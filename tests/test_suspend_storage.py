@@ -4,6 +4,7 @@ session), and one session's failed idle suspend neither loses it nor stops the o
 
 from __future__ import annotations
 
+import json
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -172,3 +173,34 @@ async def test_memory_per_move_is_bounded_by_the_chunk_size_not_the_session(
         print({name: f"{size / 1e6:.2f} MB" for name, size in grown.items()})
         assert all(size < bound for size in grown.values()), grown
         assert len(await all_events(peer, sid)) == 501
+
+
+async def test_a_row_of_the_first_schema_is_still_read_and_resumed(daemon: Daemon, namespace: str) -> None:
+    """Rows stored before the chunks (events and ids inline) keep working: paged, folded, resumed."""
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [{"type": "broke", "id": "b"},
+                                                                          {"type": "test_pass", "id": "p"}]})
+        before = await peer.call("session.get", {"sessionId": sid})
+        await peer.call("session.suspend", {"sessionId": sid})
+        conn = await asyncpg.connect(daemon.settings.postgres_dsn or "")
+        try:  # rewrite its row the way the first schema stored it
+            bodies = await conn.fetch("SELECT kind, body FROM suspended_chunks WHERE namespace = $1 AND "
+                                      "session_id = $2 ORDER BY kind, part", namespace, sid)
+            members = [m for kind, body in bodies if kind == "e" for m in body.split("\n")]
+            ids = {k: v for kind, body in bodies if kind == "i" for k, v in json.loads(body)}
+            await conn.execute("UPDATE suspended_sessions SET chunked = false, events = $3::jsonb, ids = $4::jsonb "
+                               "WHERE namespace = $1 AND session_id = $2", namespace, sid,
+                               json.dumps(members), json.dumps(ids))
+            await conn.execute("DELETE FROM suspended_chunks WHERE namespace = $1 AND session_id = $2",
+                               namespace, sid)
+        finally:
+            await conn.close()
+        page = await peer.call("session.get", {"sessionId": sid, "since": 1, "limit": 1})
+        assert page["events"] == before["events"][1:2] and page["nextSince"] == 2
+        at = await peer.call("session.get", {"sessionId": sid, "atSeq": 2})
+        assert at["session"]["state"] == "broken"
+        await peer.call("session.resume", {"sessionId": sid})
+        assert (await peer.call("session.get", {"sessionId": sid}))["events"] == before["events"]
+        assert await peer.call("event.emit", {"sessionId": sid, "event": {"type": "x", "id": "b"}}) == {
+            "seq": 2, "duplicate": True}
