@@ -70,9 +70,10 @@ async def test_a_stored_row_is_never_replaced_by_another_epoch_s(daemon: Daemon,
         await peer.call("event.emit", {"sessionId": "twice", "event": {"type": "broke"}})
         first = await peer.call("session.suspend", {"sessionId": "twice"})
         await service.manager.create(alice, session_id="twice")  # straight to Redis, as a racing create would
-        error = await peer.error("session.suspend", {"sessionId": "twice"})
-        assert error["code"] == -32009 and error["data"] == {"reason": "suspended"}
-        assert await stored(dsn, namespace, "twice") == (first["epoch"], 2, "suspended")
+        for method in ("session.suspend", "session.resume", "session.suspend"):
+            error = await peer.error(method, {"sessionId": "twice"})
+            assert error["code"] == -32009 and error["data"]["reason"] in ("suspended", "active"), method
+            assert await stored(dsn, namespace, "twice") == (first["epoch"], 2, "suspended"), method
 
 
 async def test_completed_and_archived_ids_are_refused_with_their_status(daemon: Daemon, namespace: str) -> None:

@@ -166,8 +166,16 @@ class Lifecycle:
             epoch = uuid.uuid4().hex[:16]  # the live copy may have gone further before it expired
         if not await self.store.mark(row, "resuming", LIVE_STATUSES):
             raise Conflict("the stored session changed meanwhile; try again", {"reason": "busy"})
-        row = dataclasses.replace(row, status="resuming")
-        done = await self._write_back(row, epoch)
+        resuming = dataclasses.replace(row, status="resuming")
+        try:
+            done = await self._write_back(resuming, epoch)
+        except Conflict as exc:
+            if isinstance(exc.data, dict) and exc.data.get("reason") == "active":
+                # Another session holds the id in Redis: the stored one stays as it was, not being resumed
+                # (a row being resumed may be replaced by the live copy's suspend).
+                await self.store.mark(resuming, row.status, ("resuming",))
+            raise
+        row = resuming
         await self.store.resumed(row)
         if done:
             LIFECYCLE.labels("resumed").inc()
@@ -200,8 +208,13 @@ class Lifecycle:
         async for members in self.store.events(row, 0):
             await stager.events(members)
         await stager.agents(row.agents)
-        return await stager.restore("resume", fields, frames(namespace, session_id, "session.resumed",
-                                                             {"type": "resumed", **note}, note))
+        try:
+            return await stager.restore("resume", fields, frames(namespace, session_id, "session.resumed",
+                                                                 {"type": "resumed", **note}, note))
+        except Conflict as exc:
+            if "active" in exc.message:  # another session took the id in Redis meanwhile
+                exc.data = {"reason": "active"}
+            raise
 
     async def _not_resumable(self, namespace: str, session_id: str, row: Suspended | None) -> NoReturn:
         """Raise why a session that is not suspended cannot be resumed (writing nothing)."""
