@@ -204,3 +204,25 @@ async def test_a_row_of_the_first_schema_is_still_read_and_resumed(daemon: Daemo
         assert (await peer.call("session.get", {"sessionId": sid}))["events"] == before["events"]
         assert await peer.call("event.emit", {"sessionId": sid, "event": {"type": "x", "id": "b"}}) == {
             "seq": 2, "duplicate": True}
+
+
+async def test_default_chunks_read_many_events_per_round_trip_and_keep_every_one(
+        daemon: Daemon, namespace: str) -> None:
+    """At the default 4 MiB a read takes 64 events and a chunk about 280 of these: seams fall mid-read."""
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        for first in range(0, 600, 25):
+            await peer.call("event.emitBatch", {"sessionId": sid, "events": [
+                {"type": "modified", "id": f"e{n}", "data": {"blob": f"{n:06d}" * 2500}}
+                for n in range(first, first + 25)]})
+        before = await all_events(peer, sid)
+        await peer.call("session.suspend", {"sessionId": sid})
+        rows = await chunk_rows(daemon.settings.postgres_dsn or "", namespace, sid)
+        assert len([kind for kind, _ in rows if kind == "e"]) == 3  # 9 MB in chunks of 4 MiB and a rest
+        assert await all_events(peer, sid) == before
+        fork = await peer.call("session.fork", {"sessionId": sid, "atSeq": 400})
+        assert await all_events(peer, fork["sessionId"]) == before[:400]
+        await peer.call("session.resume", {"sessionId": sid})
+        assert await all_events(peer, sid) == before
+        fork = await peer.call("session.fork", {"sessionId": sid, "atSeq": 550})
+        assert await all_events(peer, fork["sessionId"]) == before[:550]
