@@ -135,9 +135,10 @@ class LifecycleService:
         return suspended, await self.keep_completed(found.completed)
 
     async def _suspend_failed(self, namespace: str, session_id: str, exc: BaseException) -> None:
-        """Keep a session whose idle suspend failed alive until a later pass (IDLE_MARGIN more), and say so."""
+        """Keep a session whose idle suspend (or completed copy) failed alive until a later pass (IDLE_MARGIN
+        more), and say so."""
         LIFECYCLE.labels("suspend_failed").inc()
-        log.warning("idle suspend failed; kept in Redis, retried next pass", namespace=namespace,
+        log.warning("moving the session to Postgres failed; kept in Redis, retried next pass", namespace=namespace,
                     sessionId=session_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
         skeys = keys.session_keys(namespace, session_id)
         try:
@@ -160,8 +161,12 @@ class LifecycleService:
         for namespace, ids in group_by_namespace(completed).items():
             stored = await self.suspended.stored_among(namespace, ids)
             for session_id in ids:
-                if session_id not in stored:
+                if session_id in stored:
+                    continue
+                try:
                     kept += await self.lifecycle.keep_completed(namespace, session_id)
+                except SUSPEND_ERRORS as exc:  # this session's copy failed; the others' go on
+                    await self._suspend_failed(namespace, session_id, exc)
         return kept
 
     async def _guarded(self, job: Callable[[], Awaitable[object]]) -> None:
