@@ -138,6 +138,8 @@ async def test_one_failed_idle_suspend_keeps_its_session_and_the_others_are_susp
     failures = [entry for entry in logs if entry["event"].startswith("moving the session to Postgres failed")]
     assert {entry["sessionId"] for entry in failures} == {broken, done_broken}
     assert all("WRONGTYPE" in entry["error"] for entry in failures)
+    for sid in (broken, done_broken):  # leave no broken session to later tests' daemons
+        await r.delete(*keys.session_keys(broken_ns, sid).all())
     assert not any("exc_info" in entry or entry["log_level"] in ("error", "critical") for entry in logs)
     await r.aclose()
 
