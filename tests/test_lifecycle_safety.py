@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.server.daemon import Daemon
+from memento_sessions.sessions.lifecycle import Lifecycle
 from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.streams import Stager
 from tests.helpers import token
@@ -197,4 +198,32 @@ async def test_a_move_cut_short_leaves_one_listed_copy_and_never_reuses_a_seq(
         await observe(peer, sid)
         assert await listed(peer) == [sid]
         assert await stored(daemon.settings.postgres_dsn or "", namespace, sid) is None
+    await r.aclose()
+
+
+async def test_a_create_or_fork_racing_the_suspend_of_its_id_is_withdrawn(
+        daemon: Daemon, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check before the write passed (the old session was still live then); the suspend completed
+    before the write: the new session is removed again and the create or fork refused."""
+    r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
+    dsn = daemon.settings.postgres_dsn or ""
+
+    async def checked_too_early(self: Lifecycle, namespace: str, session_id: str) -> None:
+        return None
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        await peer.call("session.create", {"sessionId": "raced", "entityIds": ["fn:a"]})
+        other = (await peer.call("session.create", {"entityIds": ["fn:b"]}))["sessionId"]
+        first = await peer.call("session.suspend", {"sessionId": "raced"})
+        monkeypatch.setattr(Lifecycle, "refuse_stored", checked_too_early)
+        for method, params in (("session.create", {"sessionId": "raced"}),
+                               ("session.create", {"sessionId": "raced", "onIdle": "suspend"}),
+                               ("session.fork", {"sessionId": other, "atSeq": 1, "newSessionId": "raced"})):
+            error = await peer.error(method, params)
+            assert error["code"] == -32009 and error["data"] == {"reason": "suspended"}, (method, params)
+            assert await r.exists(*keys.session_keys(namespace, "raced").all()) == 0, method
+            assert await stored(dsn, namespace, "raced") == (first["epoch"], 1, "suspended")
+        listed = await peer.call("session.list", {"status": "active"})
+        assert "raced" not in [s["sessionId"] for s in listed["sessions"]]
+        resumed = await peer.call("session.resume", {"sessionId": "raced"})
+        assert resumed["epoch"] == first["epoch"] and resumed["seq"] == 1
     await r.aclose()

@@ -107,6 +107,8 @@ async def fork(lifecycle: Lifecycle, who: Identity, session_id: str, at_seq: int
         if indexed:
             await manager.redis.zrem(keys.session_index(who.namespace), sid)
         raise
+    if new_id is not None:
+        await lifecycle.withdraw_if_stored(who.namespace, new_id, fork_fields["epoch"])
     LIFECYCLE.labels("forked").inc()
     return {"sessionId": sid, "parentSessionId": session_id, "forkedAtSeq": at_seq, "seq": at_seq,
             "state": fork_fields["state"], "epoch": fork_fields["epoch"], "agentIds": [who.agent_id],

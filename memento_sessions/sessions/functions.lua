@@ -350,8 +350,17 @@ local function suspend(keys, args)
   return 1
 end
 
+-- Remove a session just made under an id that Postgres turned out to hold, only if it is still that
+-- session (ARGV: its epoch). Returns 1 when removed.
+local function withdraw(keys, args)
+  if redis.call('HGET', keys[1], 'epoch') ~= args[1] then return 0 end
+  redis.call('DEL', keys[1], keys[2], keys[3], keys[4])
+  return 1
+end
+
 redis.register_function{function_name='ms_snapshot_at', callback=snapshot_at, flags={'no-writes'}}
 redis.register_function('ms_snapshot', snapshot)
 redis.register_function('ms_stage', stage)
 redis.register_function('ms_restore', restore)
 redis.register_function('ms_suspend', suspend)
+redis.register_function('ms_withdraw', withdraw)

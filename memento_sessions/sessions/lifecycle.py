@@ -49,6 +49,12 @@ def fingerprint(fields: dict[str, str], snaps: list[int]) -> list[str]:
             " ".join(str(s) for s in snaps)]
 
 
+def taken(session_id: str, status: str) -> Conflict:
+    """The refusal of a new session under an id Postgres holds a session by (`status` its row's)."""
+    reason = "suspended" if status in LIVE_STATUSES else status
+    return Conflict(f"session id {session_id!r} is taken by a {reason} session", {"reason": reason})
+
+
 class Moved(Exception):
     """The session changed in Redis while it was copied: the copy is not stored."""
 
@@ -233,8 +239,17 @@ class Lifecycle:
             return
         status = await self.store.status(namespace, session_id)
         if status is not None:
-            reason = "suspended" if status in LIVE_STATUSES else status
-            raise Conflict(f"session id {session_id!r} is taken by a {reason} session", {"reason": reason})
+            raise taken(session_id, status)
+
+    async def withdraw_if_stored(self, namespace: str, session_id: str, epoch: str) -> None:
+        """After a create or fork under a client's id: if Postgres holds a session by that id now (its suspend
+        completed between refuse_stored and the write), remove the new session (only that epoch's) and refuse."""
+        status = await self.store.status(namespace, session_id) if self.store.postgres.enabled else None
+        if status is None:
+            return
+        if await self.manager.store.call("ms_withdraw", keys.session_keys(namespace, session_id), epoch):
+            await self.redis.zrem(keys.session_index(namespace), session_id)
+        raise taken(session_id, status)
 
     async def clear(self, namespace: str, session_id: str) -> dict[str, Any]:
         """`session.clear` (admin): delete a session wherever it is, Redis and Postgres."""

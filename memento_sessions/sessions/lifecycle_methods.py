@@ -251,8 +251,16 @@ class LifecycleService:
         registry.add("session.clear", SessionParams, self._clear, "admin")
 
     async def _create(self, call: Call, p: CreateIdleParams) -> Result:
-        if p.sessionId is not None:
-            await self.lifecycle.refuse_stored(call.identity.namespace, p.sessionId)
+        if p.sessionId is None:
+            return await self._create_new(call, p)
+        namespace = call.identity.namespace
+        await self.lifecycle.refuse_stored(namespace, p.sessionId)
+        created = await self._create_new(call, p)
+        # A suspend of the id's old session may have completed between the check and the create.
+        await self.lifecycle.withdraw_if_stored(namespace, p.sessionId, created["epoch"])
+        return created
+
+    async def _create_new(self, call: Call, p: CreateIdleParams) -> Result:
         if (p.onIdle or self.settings.on_idle) != "suspend":
             return await self._create_plain(call, p)
         if p.ttl is not None and p.ttl > self.settings.session_ttl:
