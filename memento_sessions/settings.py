@@ -67,8 +67,12 @@ class Settings(BaseSettings):
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
     auto_compact: bool = True
     compact_keep: int = Field(default=1000, ge=0, le=100_000_000)
+    snapshot_max_bytes: int = Field(default=32 * 1024 * 1024, ge=64 * 1024, le=16 * 1024 * 1024 * 1024)
     on_idle: Literal["expire", "suspend"] = "expire"
     archive_after_days: Days = 30
+    suspend_chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    heavy_max: int = Field(default=4, ge=1, le=1000)
+    fork_max_depth: int = Field(default=32, ge=1, le=10_000)
 
     @field_validator("redis_url", "falkordb_url")
     @classmethod

@@ -228,23 +228,33 @@ local function snapshot_at(keys, args)
   return {best, redis.call('HGET', keys[4], '~snap:' .. best)}
 end
 
--- Keep at most `cap` snapshots: drop the oldest, but never the newest one at or below compacted (the
--- base every rehydration of the compacted range needs).
-local function trim_snapshots(keys, seqs, cap, compacted)
-  local keep = 0
-  for _, s in ipairs(seqs) do if s <= compacted and s > keep then keep = s end end
-  while #seqs > cap do
-    local drop = 1
-    if seqs[1] == keep then drop = 2 end
-    redis.call('HDEL', keys[4], '~snap:' .. seqs[drop])
-    table.remove(seqs, drop)
+-- Keep at most `cap` snapshots and at most `max_bytes` of them (MEMENTO_SNAPSHOT_MAX_BYTES; absent: no byte
+-- bound): drop the oldest, but never the newest one at or below compacted (the base every rehydration of
+-- the compacted range needs) nor the newest of all (the one just stored).
+local function trim_snapshots(keys, seqs, cap, compacted, max_bytes)
+  local keep, sizes, total = 0, {}, 0
+  for _, s in ipairs(seqs) do
+    if s <= compacted and s > keep then keep = s end
+    sizes[s] = redis.call('HSTRLEN', keys[4], '~snap:' .. s)
+    total = total + sizes[s]
+  end
+  local i = 1
+  while (#seqs > cap or (max_bytes and total > max_bytes)) and i < #seqs do
+    if seqs[i] == keep then
+      i = i + 1
+    else
+      redis.call('HDEL', keys[4], '~snap:' .. seqs[i])
+      total = total - sizes[seqs[i]]
+      table.remove(seqs, i)
+    end
   end
   return seqs
 end
 
 -- Store a snapshot of the folded state at `seq`, folded from the snapshot at `base` plus the events after
 -- it; with compact = 1 also remove the events up to `seq` and record compactedSeq, then publish.
--- ARGV: now_ms, seq, base, data, compact, max_snapshots, channel, frame, announce_channel, announce_frame.
+-- ARGV: now_ms, seq, base, data, compact, max_snapshots, channel, frame, announce_channel, announce_frame,
+-- max_bytes (optional).
 -- RETRY when a compaction removed events after `base` meanwhile (the fold may have missed some).
 local function snapshot(keys, args)
   local cur, compacted = unpack(redis.call('HMGET', keys[1], 'seq', 'compactedSeq'))
@@ -263,7 +273,7 @@ local function snapshot(keys, args)
     redis.call('HSET', keys[1], 'compactedSeq', seq)
     compacted = seq
   end
-  seqs = trim_snapshots(keys, seqs, tonumber(args[6]), compacted)
+  seqs = trim_snapshots(keys, seqs, tonumber(args[6]), compacted, tonumber(args[11]))
   redis.call('HSET', keys[4], '~snaps', table.concat(seqs, ' '))
   local pttl = redis.call('PTTL', keys[1])
   if pttl > 0 then redis.call('PEXPIRE', keys[4], pttl) end
@@ -274,52 +284,83 @@ local function snapshot(keys, args)
   return removed
 end
 
--- Write a whole session (a fork, or a suspended one coming back), or nothing.
--- ARGV: mode ('fork' | 'resume'), ttl, channel, frame, announce_channel, announce_frame, then nH and nH field/value
--- pairs of the hash, nA and the agents, nI and nI field/value pairs of the ids hash, then (seq, member)
--- pairs of the events. A resume that finds the same session (epoch and seq) back already returns 0.
-local function restore(keys, args)
-  local i = 7
-  local nh = tonumber(args[i])
-  local hash = {unpack(args, i + 1, i + 2 * nh)}
-  i = i + 2 * nh + 1
-  if redis.call('EXISTS', keys[1]) == 1 then
-    if args[1] ~= 'resume' then return redis.error_reply('EXISTS session id is taken') end
-    local epoch, seq = unpack(redis.call('HMGET', keys[1], 'epoch', 'seq'))
-    for j = 1, #hash, 2 do
-      if hash[j] == 'epoch' and hash[j + 1] == epoch then
-        for k = 1, #hash, 2 do if hash[k] == 'seq' and hash[k + 1] == seq then return 0 end end
-      end
-    end
-    return redis.error_reply('CONFLICT session is active')
+-- A whole session (a fork, or a suspended one coming back) is written a chunk at a time (sessions/streams.py):
+-- ms_stage calls fill its events, ids and agents while it has no hash, so no reader or writer sees it (each
+-- treats a session without its hash as absent); one ms_restore call then writes the hash and publishes.
+-- The ids hash carries the writer's token in field `~staging` meanwhile: a write that another took over
+-- stops (RETRY), and staged keys expire with the TTL given if the writer never finishes.
+-- ARGV: token, ttl, start ('1': the id must be free, leftovers of a cut-short write are cleared), kind
+-- ('z': seq/member pairs of events, 'h': field/value pairs of the ids hash, 'a': agents), items.
+local function stage(keys, args)
+  if redis.call('EXISTS', keys[1]) == 1 then return redis.error_reply('EXISTS session id is taken') end
+  if args[3] == '1' then
+    redis.call('DEL', keys[2], keys[3], keys[4])
+  elseif redis.call('HGET', keys[4], '~staging') ~= args[1] then
+    return redis.error_reply('RETRY another write of this session took over')
   end
-  for j = 1, #hash, 200 do redis.call('HSET', keys[1], unpack(hash, j, math.min(j + 199, #hash))) end
-  local na = tonumber(args[i])
-  for j = i + 1, i + na, 100 do redis.call('SADD', keys[3], unpack(args, j, math.min(j + 99, i + na))) end
-  i = i + na + 1
-  local ni = tonumber(args[i])
-  for j = i + 1, i + 2 * ni, 200 do redis.call('HSET', keys[4], unpack(args, j, math.min(j + 199, i + 2 * ni))) end
-  i = i + 2 * ni + 1
-  for j = i, #args, 200 do redis.call('ZADD', keys[2], unpack(args, j, math.min(j + 199, #args))) end
-  refresh(keys, tonumber(args[2]))
-  redis.call(SESSION_PUBLISH, args[3], args[4])
-  redis.call('PUBLISH', args[5], args[6])
+  redis.call('HSET', keys[4], '~staging', args[1])
+  local command = ({z = 'ZADD', h = 'HSET', a = 'SADD'})[args[4]]
+  local key = ({z = keys[2], h = keys[4], a = keys[3]})[args[4]]
+  if command then
+    for j = 5, #args, 200 do redis.call(command, key, unpack(args, j, math.min(j + 199, #args))) end
+  end
+  for i = 2, 4 do redis.call('EXPIRE', keys[i], tonumber(args[2])) end
   return 1
 end
 
--- Remove a session that is now whole in Postgres, only if it is still the copy that was stored there.
--- ARGV: epoch, seq, channel, frame, announce_channel, announce_frame. Returns 1 when removed, 0 when gone.
+-- ARGV: mode ('fork' | 'resume'), ttl, token, channel, frame, announce_channel, announce_frame, then the
+-- field/value pairs of the hash. A resume that finds the same session (epoch and seq) live already returns 0.
+local function restore(keys, args)
+  if redis.call('EXISTS', keys[1]) == 1 then
+    if args[1] ~= 'resume' then return redis.error_reply('EXISTS session id is taken') end
+    local epoch, seq = unpack(redis.call('HMGET', keys[1], 'epoch', 'seq'))
+    local same = 0
+    for j = 8, #args, 2 do
+      if (args[j] == 'epoch' and args[j + 1] == epoch) or (args[j] == 'seq' and args[j + 1] == seq) then
+        same = same + 1
+      end
+    end
+    if same == 2 then return 0 end
+    return redis.error_reply('CONFLICT session is active')
+  end
+  if redis.call('HGET', keys[4], '~staging') ~= args[3] then
+    return redis.error_reply('RETRY another write of this session took over')
+  end
+  redis.call('HDEL', keys[4], '~staging')
+  for j = 8, #args, 200 do redis.call('HSET', keys[1], unpack(args, j, math.min(j + 199, #args))) end
+  refresh(keys, tonumber(args[2]))
+  redis.call(SESSION_PUBLISH, args[4], args[5])
+  redis.call('PUBLISH', args[6], args[7])
+  return 1
+end
+
+-- Remove a session that is now whole in Postgres, only if it is still the copy that was stored there: the
+-- same epoch, seq, updatedAt, compactedSeq and snapshots. ARGV: epoch, seq, updatedAt, compactedSeq, snaps,
+-- channel, frame, announce_channel, announce_frame. Returns 1 when removed, 0 when gone.
 local function suspend(keys, args)
-  local epoch, seq = unpack(redis.call('HMGET', keys[1], 'epoch', 'seq'))
-  if not epoch then return 0 end
-  if epoch ~= args[1] or seq ~= args[2] then return redis.error_reply('RETRY the session moved on') end
+  local now = redis.call('HMGET', keys[1], 'epoch', 'seq', 'updatedAt', 'compactedSeq')
+  if not now[1] then return 0 end
+  now[5] = redis.call('HGET', keys[4], '~snaps')
+  for i = 1, 5 do
+    if (now[i] or '') ~= args[i] then return redis.error_reply('RETRY the session moved on') end
+  end
   redis.call('DEL', keys[1], keys[2], keys[3], keys[4])
-  redis.call(SESSION_PUBLISH, args[3], args[4])
-  redis.call('PUBLISH', args[5], args[6])
+  redis.call(SESSION_PUBLISH, args[6], args[7])
+  redis.call('PUBLISH', args[8], args[9])
+  return 1
+end
+
+-- Remove a session just made under an id that Postgres turned out to hold, only if it is still that
+-- session (ARGV: its epoch). Returns 1 when removed.
+local function withdraw(keys, args)
+  if redis.call('HGET', keys[1], 'epoch') ~= args[1] then return 0 end
+  redis.call('DEL', keys[1], keys[2], keys[3], keys[4])
   return 1
 end
 
 redis.register_function{function_name='ms_snapshot_at', callback=snapshot_at, flags={'no-writes'}}
 redis.register_function('ms_snapshot', snapshot)
+redis.register_function('ms_stage', stage)
 redis.register_function('ms_restore', restore)
 redis.register_function('ms_suspend', suspend)
+redis.register_function('ms_withdraw', withdraw)

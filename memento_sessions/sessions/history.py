@@ -196,7 +196,8 @@ class History:
                     keys.session_channel(namespace, session_id),
                     encode_notification("session.compacted", note).decode(),
                     keys.announce_channel(namespace),
-                    encode_notification("sessions.announce", {"type": "compacted", **note}).decode())
+                    encode_notification("sessions.announce", {"type": "compacted", **note}).decode(),
+                    self.settings.snapshot_max_bytes)
             except ResponseError as exc:
                 if not str(exc).startswith("RETRY"):
                     raise

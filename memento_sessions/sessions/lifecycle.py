@@ -1,14 +1,23 @@
-"""The session lifecycle: suspend (Redis -> Postgres), resume (back, same seqs and epoch), fork.
+"""The session lifecycle: suspend (Redis -> Postgres), resume (back, same seqs), and clear; fork is in fork.py.
 
-A suspend copies the whole session into Postgres first and removes it from Redis only after, in one
-Function call that checks the session did not move on meanwhile (else it copies again): a session is
-never in neither place. Two daemons suspending at once store the same row (an idempotent upsert) and
-only one removal happens. A resume writes the session back in one Function call that refuses an active
-session, so it also happens once; the Postgres row is forgotten afterwards.
+Each move streams the session a chunk at a time (streams.py), and each step leaves a mark that says which
+copy is authoritative if the daemon dies before the next one:
+
+- suspend: the copy is written to Postgres as `suspending` (one transaction); Redis then removes the
+  session in one Function call that checks it did not move on meanwhile (else it copies again); the row
+  is then marked `suspended`. Until that mark, the live copy in Redis is the authority: it stays listed,
+  and a stored row still `suspending` whose live copy has gone may be older than what that copy reached.
+- resume: the row is marked `resuming`, the session is listed, staged into Redis and made live in one
+  Function call, then the row is deleted. A `resuming` row found later whose session Redis holds is done;
+  one whose session Redis does not hold may be older than a live copy that expired since.
+
+A row caught mid-move (`suspending` or `resuming`) with no live copy in Redis is revived under a new epoch:
+subscribers resuming by seq see the epoch change and start over, so no seq is reused in an epoch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -17,101 +26,106 @@ import pydantic_core
 from redis.exceptions import ResponseError
 
 from memento_sessions import keys
-from memento_sessions.auth import Identity
-from memento_sessions.errors import Conflict, InvalidParams, NotFound
+from memento_sessions.errors import Conflict, NotFound
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.rpc import encode_notification
-from memento_sessions.sessions.condense import Condenser, state_after
-from memento_sessions.sessions.manager import SessionManager, iso, now_ms
-from memento_sessions.sessions.paging import seq_of
-from memento_sessions.sessions.snapshot_store import SNAPSHOT_LIST, SNAPSHOT_PREFIX, is_snapshot_field
-from memento_sessions.sessions.stored import members_between
-from memento_sessions.sessions.suspended import Suspended, SuspendedStore
+from memento_sessions.sessions.condense import Condenser
+from memento_sessions.sessions.manager import SessionManager, now_ms
+from memento_sessions.sessions.streams import Stager, head, per_read, redis_events, redis_ids
+from memento_sessions.sessions.suspended import LIVE_STATUSES, Suspended, SuspendedStore
 
-Copy = tuple[dict[str, str], list[str], dict[str, str], list[str]]  # hash, agents, ids, event members
+Head = tuple[dict[str, str], list[str], list[int]]  # a session's hash, agents and snapshot seqs
 
 
-def fold_copy(fields: dict[str, str], ids: dict[str, str], members: list[str]) -> Condenser:
-    """The reducer over a copied session: its compaction snapshot plus the events it still holds."""
-    compacted = int(fields.get("compactedSeq") or 0)
-    base = ids.get(f"{SNAPSHOT_PREFIX}{compacted}") if compacted else None
-    folder = Condenser.load(pydantic_core.from_json(base)) if base else Condenser()
-    folder.add([pydantic_core.from_json(member) for member in members])
-    return folder
+def frames(namespace: str, session_id: str, method: str, announce: dict[str, Any], note: dict[str, Any]) -> list[str]:
+    """The session's frame and its namespace's announcement of a move."""
+    return [keys.session_channel(namespace, session_id), encode_notification(method, note).decode(),
+            keys.announce_channel(namespace), encode_notification("sessions.announce", announce).decode()]
 
 
-def scored(members: list[str]) -> list[str | int]:
-    """Stored events as the seq, member, seq, member, ... arguments of a Function.
-
-    A session's seqs are contiguous (only compaction removes events, from the start), so they are counted
-    from the first; each is read from its member only if the last one says otherwise.
-    """
-    first = seq_of(members[0]) if members else 0
-    args: list[str | int] = [0] * (2 * len(members))
-    contiguous = not members or seq_of(members[-1]) == first + len(members) - 1
-    args[0::2] = range(first, first + len(members)) if contiguous else [seq_of(member) for member in members]
-    args[1::2] = members
-    return args
+def fingerprint(fields: dict[str, str], snaps: list[int]) -> list[str]:
+    """What ms_suspend compares to know Redis still holds the copy that was stored."""
+    return [fields["epoch"], fields["seq"], fields.get("updatedAt", ""), fields.get("compactedSeq", ""),
+            " ".join(str(s) for s in snaps)]
 
 
-def flat(pairs: dict[str, str]) -> list[str]:
-    """A mapping as the field, value, field, value, ... arguments of a Function."""
-    return [item for pair in pairs.items() for item in pair]
+def taken(session_id: str, status: str) -> Conflict:
+    """The refusal of a new session under an id Postgres holds a session by (`status` its row's)."""
+    reason = "suspended" if status in LIVE_STATUSES else status
+    return Conflict(f"session id {session_id!r} is taken by a {reason} session", {"reason": reason})
 
 
-def forked_ids(ids: dict[str, str], at_seq: int) -> dict[str, str]:
-    """The parent's event ids and snapshots up to `at_seq`: the fork's idempotency and time travel."""
-    kept = {k: v for k, v in ids.items() if not is_snapshot_field(k) and int(v) <= at_seq}
-    snaps = [s for s in (ids.get(SNAPSHOT_LIST) or "").split() if int(s) <= at_seq]
-    kept.update({f"{SNAPSHOT_PREFIX}{s}": ids[f"{SNAPSHOT_PREFIX}{s}"] for s in snaps})
-    if snaps:
-        kept[SNAPSHOT_LIST] = " ".join(snaps)
-    return kept
-
-
-def stored_row(namespace: str, session_id: str, status: str, copied: Copy, at: datetime) -> Suspended:
-    """The Postgres row of a session copied out of Redis, with its condensed summary."""
-    fields, agents, ids, members = copied
-    return Suspended(namespace, session_id, fields["epoch"], int(fields["seq"]), status, fields["state"], fields,
-                     agents, ids, members, fold_copy(fields, ids, members).result(), at)
+class Moved(Exception):
+    """The session changed in Redis while it was copied: the copy is not stored."""
 
 
 class Lifecycle:
-    """Suspend, resume and fork over one SessionManager and the suspended sessions' table."""
+    """Suspend, resume and clear over one SessionManager and the stored sessions' table."""
 
     def __init__(self, manager: SessionManager, store: SuspendedStore) -> None:
         self.manager, self.redis, self.store = manager, manager.redis, store
+        self.chunk_bytes = manager.settings.suspend_chunk_bytes
+        store.chunk_bytes = self.chunk_bytes
 
-    async def copy(self, namespace: str, session_id: str) -> Copy:
-        """Everything Redis holds of a session, in one transaction."""
+    async def head(self, namespace: str, session_id: str) -> Head:
+        """The session's hash, agents and snapshot seqs in Redis (an empty hash: Redis does not hold it)."""
+        return await head(self.redis, keys.session_keys(namespace, session_id))
+
+    async def store_copy(self, namespace: str, session_id: str, status: str, found: Head, at: datetime) -> Suspended:
+        """Write the session Redis holds into Postgres with `status`, a chunk at a time, with its summary."""
+        fields, agents, snaps = found
         skeys = keys.session_keys(namespace, session_id)
+        row = Suspended(namespace, session_id, fields["epoch"], int(fields["seq"]), status, fields["state"], fields,
+                        agents, {}, None, {}, at)
+        compacted, folder = int(fields.get("compactedSeq") or 0), Condenser()
+        async with self.store.write(row) as writer:
+            for seq in snaps:
+                data: Any = await self.redis.hget(skeys.ids, f"~snap:{seq}")
+                if data is not None:
+                    await writer.snapshot(seq, data)
+                    if seq == compacted:
+                        folder = Condenser.load(pydantic_core.from_json(data))
+            async for members in redis_events(self.redis, skeys, 0, None, per_read(self.chunk_bytes)):
+                folder.add([pydantic_core.from_json(member) for member in members])
+                await writer.events(members)
+            async for pairs in redis_ids(self.redis, skeys, 1000):
+                await writer.ids(pairs)
+            if await self.fingerprint(skeys) != fingerprint(fields, snaps):
+                raise Moved  # another daemon moved it (or a write landed) mid-copy: this copy is rolled back
+            await writer.finish(folder.result())
+        return row
+
+    async def fingerprint(self, skeys: keys.SessionKeys) -> list[str]:
+        """The session's fingerprint as Redis holds it now (epoch "" when it is gone)."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hgetall(skeys.session)
-            pipe.smembers(skeys.agents)
-            pipe.hgetall(skeys.ids)
-            pipe.zrange(skeys.events, 0, -1)
-            fields, agents, ids, members = await pipe.execute()
-        return fields, sorted(agents), ids, members
+            pipe.hmget(skeys.session, "epoch", "seq", "updatedAt", "compactedSeq")
+            pipe.hget(skeys.ids, "~snaps")
+            now, snaps = await pipe.execute()
+        return [value or "" for value in now] + [snaps or ""]
 
     async def suspend(self, namespace: str, session_id: str) -> dict[str, Any]:
         """`session.suspend`: move the session into Postgres, whole; suspending twice is harmless."""
         skeys = keys.session_keys(namespace, session_id)
-        for _ in range(5):  # an emit that lands between the copy and the removal makes the copy go again
-            fields, agents, ids, members = await self.copy(namespace, session_id)
+        for _ in range(5):  # a write that lands between the copy and the removal makes the copy go again
+            found = await self.head(namespace, session_id)
+            fields = found[0]
             if not fields:
                 return await self._already_suspended(namespace, session_id)
             if fields["state"] == "completed":
                 raise Conflict("a completed session is not suspended", {"reason": "completed"})
-            row = stored_row(namespace, session_id, "suspended", (fields, agents, ids, members), datetime.now(UTC))
-            await self.store.put(row)
+            try:
+                row = await self.store_copy(namespace, session_id, "suspending", found, datetime.now(UTC))
+            except Moved:
+                continue
             note = {"sessionId": session_id, "seq": row.seq, "epoch": row.epoch}
             try:
-                await self.manager.store.call("ms_suspend", skeys, row.epoch, row.seq, *self._frames(
+                await self.manager.store.call("ms_suspend", skeys, *fingerprint(fields, found[2]), *frames(
                     namespace, session_id, "session.suspended", {"type": "suspended", **note}, note))
             except ResponseError as exc:
                 if str(exc).startswith("RETRY"):
                     continue
                 raise
+            await self.store.mark(row, "suspended", ("suspending",))
             await self.redis.zrem(keys.session_index(namespace), session_id)
             LIFECYCLE.labels("suspended").inc()
             return {"sessionId": session_id, "status": "suspended", "seq": row.seq, "epoch": row.epoch}
@@ -120,12 +134,15 @@ class Lifecycle:
     async def keep_completed(self, namespace: str, session_id: str) -> bool:
         """Copy a completed session into Postgres (status `completed`), where it outlives its grace TTL in
         Redis until it is archived; False when Redis holds no completed session by that id (any more)."""
-        copied = await self.copy(namespace, session_id)
-        fields = copied[0]
+        found = await self.head(namespace, session_id)
+        fields = found[0]
         if fields.get("state") != "completed":
             return False
         completed_at = datetime.fromtimestamp(int(fields["updatedAt"]) / 1000, UTC)  # the final checkpoint's time
-        await self.store.put(stored_row(namespace, session_id, "completed", copied, completed_at))
+        try:
+            await self.store_copy(namespace, session_id, "completed", found, completed_at)
+        except Moved:
+            return False
         LIFECYCLE.labels("kept").inc()
         return True
 
@@ -135,29 +152,75 @@ class Lifecycle:
             raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
         if row.status == "completed":
             raise Conflict("a completed session is not suspended", {"reason": "completed"})
-        return {"sessionId": session_id, "status": row.status, "seq": row.seq, "epoch": row.epoch}
-
-    @staticmethod
-    def _frames(namespace: str, session_id: str, method: str, announce: dict[str, Any],
-                note: dict[str, Any]) -> list[str]:
-        return [keys.session_channel(namespace, session_id), encode_notification(method, note).decode(),
-                keys.announce_channel(namespace), encode_notification("sessions.announce", announce).decode()]
+        status = "suspended" if row.status in LIVE_STATUSES else row.status
+        return {"sessionId": session_id, "status": status, "seq": row.seq, "epoch": row.epoch}
 
     async def resume(self, namespace: str, session_id: str) -> dict[str, Any]:
-        """`session.resume`: back into Redis with the same seqs and epoch; once, whatever daemons race."""
+        """`session.resume`: back into Redis with the same seqs (and epoch, unless the row was caught
+        mid-move by a crash); once, whatever daemons race."""
         row = await self.store.get(namespace, session_id)
-        if row is None or row.status != "suspended":
+        if row is None or row.status not in LIVE_STATUSES:
             await self._not_resumable(namespace, session_id, row)
-        note = {"sessionId": session_id, "seq": row.seq, "epoch": row.epoch}
-        fields = {**row.fields, "updatedAt": str(now_ms())}
-        done = await self._restore(namespace, session_id, "resume", fields, row.agents, row.ids, row.events or [],
-                                   self._frames(namespace, session_id, "session.resumed",
-                                                {"type": "resumed", **note}, note))
+        skeys = keys.session_keys(namespace, session_id)
+        epoch = row.epoch
+        if row.status != "suspended":
+            live = await self.redis.hmget(skeys.session, "epoch", "seq")
+            if live[0] is not None:  # Redis holds it: the live copy is the authority
+                if row.status == "resuming" and live == [row.epoch, str(row.seq)]:
+                    await self.store.resumed(row)  # a resume cut short after its restore: finish it
+                raise Conflict("the session is active, not suspended", {"reason": "active"})
+            epoch = uuid.uuid4().hex[:16]  # the live copy may have gone further before it expired
+        if not await self.store.mark(row, "resuming", LIVE_STATUSES):
+            raise Conflict("the stored session changed meanwhile; try again", {"reason": "busy"})
+        resuming = dataclasses.replace(row, status="resuming")
+        try:
+            done = await self._write_back(resuming, epoch)
+        except Conflict as exc:
+            if isinstance(exc.data, dict) and exc.data.get("reason") == "active":
+                # Another session holds the id in Redis: the stored one stays as it was, not being resumed
+                # (a row being resumed may be replaced by the live copy's suspend).
+                await self.store.mark(resuming, row.status, ("resuming",))
+            raise
+        row = resuming
         await self.store.resumed(row)
-        await self.manager.index(namespace, session_id, int(row.fields["createdAt"]))
         if done:
             LIFECYCLE.labels("resumed").inc()
-        return {"sessionId": session_id, "status": "active", "seq": row.seq, "epoch": row.epoch}
+        return {"sessionId": session_id, "status": "active", "seq": row.seq, "epoch": epoch}
+
+    async def _write_back(self, row: Suspended, epoch: str) -> bool:
+        """Stage the stored session into Redis and make it live; False when it was live already."""
+        namespace, session_id = row.namespace, row.session_id
+        fields = {**row.fields, "updatedAt": str(now_ms()), "epoch": epoch}
+        ttl = int(fields.get("ttl") or self.manager.settings.session_ttl)
+        await self.manager.index(namespace, session_id, int(row.fields["createdAt"]))  # listed before it is live
+        stager = Stager(self.manager.store, keys.session_keys(namespace, session_id), ttl)
+        note = {"sessionId": session_id, "seq": row.seq, "epoch": epoch}
+        try:
+            await stager.start()
+        except Conflict:
+            live = await self.redis.hmget(keys.session_keys(namespace, session_id).session, "epoch", "seq")
+            if live == [epoch, str(row.seq)]:
+                return False
+            raise Conflict("the session is active, not suspended", {"reason": "active"}) from None
+        snaps = await self.store.snapshot_seqs(row)
+        for seq in snaps:
+            snap = await self.store.snapshot_at(row, seq)
+            if snap is not None:
+                await stager.ids([(f"~snap:{seq}", snap[1])])
+        if snaps:
+            await stager.ids([("~snaps", " ".join(str(s) for s in snaps))])
+        async for pairs in self.store.ids(row):
+            await stager.ids(pairs)
+        async for members in self.store.events(row, 0):
+            await stager.events(members)
+        await stager.agents(row.agents)
+        try:
+            return await stager.restore("resume", fields, frames(namespace, session_id, "session.resumed",
+                                                                 {"type": "resumed", **note}, note))
+        except Conflict as exc:
+            if "active" in exc.message:  # another session took the id in Redis meanwhile
+                exc.data = {"reason": "active"}
+            raise
 
     async def _not_resumable(self, namespace: str, session_id: str, row: Suspended | None) -> NoReturn:
         """Raise why a session that is not suspended cannot be resumed (writing nothing)."""
@@ -169,19 +232,24 @@ class Lifecycle:
             raise Conflict("the session is active, not suspended", {"reason": "active"})
         raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
 
-    async def _restore(self, namespace: str, session_id: str, mode: str, fields: dict[str, str], agents: list[str],
-                       ids: dict[str, str], members: list[str], frames: list[str]) -> bool:
-        ttl = int(fields.get("ttl") or self.manager.settings.session_ttl)
-        args: list[str | int] = [mode, ttl, *frames, len(fields), *flat(fields), len(agents), *agents,
-                                 len(ids), *flat(ids)]
-        args += scored(members)
-        try:
-            done = await self.manager.store.call("ms_restore", keys.session_keys(namespace, session_id), *args)
-        except Conflict as exc:
-            if "active" in exc.message:
-                exc.data = {"reason": "active"}
-            raise
-        return bool(done)
+    async def refuse_stored(self, namespace: str, session_id: str) -> None:
+        """Conflict when Postgres holds a session by this id (suspended, completed or archived): a new session
+        by its id would hide it, and suspending that one would meet another epoch's row."""
+        if not self.store.postgres.enabled:
+            return
+        status = await self.store.status(namespace, session_id)
+        if status is not None:
+            raise taken(session_id, status)
+
+    async def withdraw_if_stored(self, namespace: str, session_id: str, epoch: str) -> None:
+        """After a create or fork under a client's id: if Postgres holds a session by that id now (its suspend
+        completed between refuse_stored and the write), remove the new session (only that epoch's) and refuse."""
+        status = await self.store.status(namespace, session_id) if self.store.postgres.enabled else None
+        if status is None:
+            return
+        if await self.manager.store.call("ms_withdraw", keys.session_keys(namespace, session_id), epoch):
+            await self.redis.zrem(keys.session_index(namespace), session_id)
+        raise taken(session_id, status)
 
     async def clear(self, namespace: str, session_id: str) -> dict[str, Any]:
         """`session.clear` (admin): delete a session wherever it is, Redis and Postgres."""
@@ -192,60 +260,3 @@ class Lifecycle:
             raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
         LIFECYCLE.labels("cleared").inc()
         return {"sessionId": session_id, "cleared": True}
-
-    async def fork(self, who: Identity, session_id: str, at_seq: int, new_id: str | None) -> dict[str, Any]:
-        """`session.fork`: a new session whose events 1..atSeq are the parent's; the parent is unchanged."""
-        fields, ids, members = await self._parent(who.namespace, session_id)
-        seq, compacted = int(fields["seq"]), int(fields.get("compactedSeq") or 0)
-        if at_seq > seq:
-            raise InvalidParams("invalid params", [{"field": "atSeq", "message": f"{at_seq} is beyond the "
-                                                    f"session's seq {seq}"}])
-        kept_ids = forked_ids(ids, at_seq)
-        if at_seq < compacted and f"{SNAPSHOT_PREFIX}{at_seq}" not in kept_ids:
-            raise Conflict(f"events up to {compacted} were compacted; no snapshot at seq {at_seq}",
-                           {"reason": "compacted", "compactedSeq": compacted})
-        kept = members_between(members, 0, at_seq)
-        fork_fields = self._fork_fields(who, fields, kept_ids, kept, session_id, at_seq)
-        sid = new_id or f"sess-{uuid.uuid4()}"
-        note = {"type": "forked", "sessionId": sid, "parentSessionId": session_id, "forkedAtSeq": at_seq}
-        frames = self._frames(who.namespace, sid, "session.forked", note, note)
-        indexed = await self.manager.reserve(who.namespace, sid, int(fork_fields["createdAt"]))
-        try:
-            await self._restore(who.namespace, sid, "fork", fork_fields, [who.agent_id], kept_ids, kept, frames)
-        except BaseException:
-            if indexed:
-                await self.redis.zrem(keys.session_index(who.namespace), sid)
-            raise
-        LIFECYCLE.labels("forked").inc()
-        return {"sessionId": sid, "parentSessionId": session_id, "forkedAtSeq": at_seq, "seq": at_seq,
-                "state": fork_fields["state"], "epoch": fork_fields["epoch"], "agentIds": [who.agent_id],
-                "expiresAt": iso(now_ms() + int(fork_fields["ttl"]) * 1000)}
-
-    async def _parent(self, namespace: str, session_id: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
-        """A parent's hash, ids and events: from Redis, or from Postgres while it is suspended."""
-        fields, _, ids, members = await self.copy(namespace, session_id)
-        if fields:
-            return fields, ids, members
-        row = await self.store.get(namespace, session_id) if self.store.postgres.enabled else None
-        if row is None or row.events is None:
-            raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
-        return row.fields, row.ids, row.events
-
-    def _fork_fields(self, who: Identity, parent: dict[str, str], ids: dict[str, str], kept: list[str],
-                     parent_id: str, at_seq: int) -> dict[str, str]:
-        now = str(now_ms())
-        compacted = min(int(parent.get("compactedSeq") or 0), at_seq)
-        base = ids.get(f"{SNAPSHOT_PREFIX}{compacted}") if compacted else None
-        if at_seq == int(parent["seq"]) and parent["state"] != "completed":
-            state = parent["state"]  # the Function keeps the state after the last event: nothing to fold
-        else:
-            state = state_after(kept, pydantic_core.from_json(base)["state"] if base else "working")
-        fields = {"state": state, "seq": str(at_seq), "createdAt": now, "updatedAt": now,
-                  "ttl": parent.get("ttl") or str(self.manager.settings.session_ttl), "epoch": uuid.uuid4().hex[:16],
-                  "labels": parent.get("labels") or "{}", "creator": who.agent_id, "parentSessionId": parent_id,
-                  "forkedAtSeq": str(at_seq)}
-        if compacted:
-            fields["compactedSeq"] = str(compacted)
-        if parent.get("onIdle"):
-            fields["onIdle"] = parent["onIdle"]
-        return fields

@@ -8,7 +8,8 @@ over the same handlers: `session.get {atSeq}`, `session.list {status}` and `sess
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
@@ -19,10 +20,12 @@ from redis.exceptions import RedisError
 
 from memento_sessions import keys
 from memento_sessions.backends import UNANSWERED, Backends
-from memento_sessions.errors import InvalidParams, MementoError, NotFound
+from memento_sessions.errors import InvalidParams, MementoError, NotFound, RateLimited
+from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.sessions.fork import fork
 from memento_sessions.sessions.history import History
 from memento_sessions.sessions.janitor import lifecycle_candidates
 from memento_sessions.sessions.lifecycle import Lifecycle
@@ -39,6 +42,31 @@ IDLE_EVERY = 15.0  # seconds between idle-suspend passes
 ARCHIVE_EVERY = 600.0  # seconds between archive passes
 # What ends one idle/archive pass without ending the loop: ours, and any error a backend's driver raises.
 PASS_ERRORS: tuple[type[BaseException], ...] = (MementoError, *UNANSWERED, asyncpg.PostgresError, RedisError)
+# What one session's idle suspend may fail with (the others' go on): the above, and what the Postgres
+# driver refuses to send or a stored value refuses to be.
+SUSPEND_ERRORS: tuple[type[BaseException], ...] = (*PASS_ERRORS, asyncpg.InterfaceError, ValueError)
+log = get_logger(__name__)
+
+
+class Heavy:
+    """At most `limit` heavy requests at once in this daemon (a fork, suspend or resume, a read of a stored
+    session): each streams a session a chunk at a time, and this bounds how many chunks are held at once.
+    One past the limit is refused at once with -32029 and `retryAfterMs`, writing nothing."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.running = limit, 0
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        if self.running >= self.limit:
+            LIFECYCLE.labels("heavy_refused").inc()
+            raise RateLimited(f"{self.running} heavy requests (fork, suspend, resume, stored reads) running; "
+                              f"at most {self.limit} (MEMENTO_HEAVY_MAX)", {"retryAfterMs": 1000, "reason": "busy"})
+        self.running += 1
+        try:
+            yield
+        finally:
+            self.running -= 1
 
 
 class GetAtParams(GetParams):
@@ -73,9 +101,10 @@ class LifecycleService:
 
     def __init__(self, manager: SessionManager, backends: Backends) -> None:
         self.manager, self.settings = manager, manager.settings
-        self.suspended = SuspendedStore(backends.postgres)
+        self.suspended = SuspendedStore(backends.postgres, manager.settings.suspend_chunk_bytes)
         self.history = History(manager, backends.postgres.enabled)
         self.lifecycle = Lifecycle(manager, self.suspended)
+        self.heavy = Heavy(manager.settings.heavy_max)
 
     async def run(self) -> None:
         """Suspend idle `onIdle: suspend` sessions before Redis would expire them, copy completed ones to
@@ -89,11 +118,37 @@ class LifecycleService:
             await anyio.sleep(IDLE_EVERY)
 
     async def move(self) -> tuple[int, int]:
-        """One lifecycle pass: (idle sessions suspended, completed sessions copied to Postgres)."""
+        """One lifecycle pass: (idle sessions suspended, completed sessions copied to Postgres).
+
+        Each session's suspend stands alone: one that fails is logged (no traceback), its keys get another
+        IDLE_MARGIN so Redis does not expire it before the next pass tries again, and the sessions after it
+        are still suspended.
+        """
         found = await lifecycle_candidates(self.manager.redis, int(IDLE_MARGIN * 1000))
+        suspended = 0
         for namespace, session_id in found.idle:
-            await self.lifecycle.suspend(namespace, session_id)
-        return len(found.idle), await self.keep_completed(found.completed)
+            try:
+                await self.lifecycle.suspend(namespace, session_id)
+                suspended += 1
+            except SUSPEND_ERRORS as exc:
+                await self._suspend_failed(namespace, session_id, exc)
+        return suspended, await self.keep_completed(found.completed)
+
+    async def _suspend_failed(self, namespace: str, session_id: str, exc: BaseException) -> None:
+        """Keep a session whose idle suspend (or completed copy) failed alive until a later pass (IDLE_MARGIN
+        more), and say so."""
+        LIFECYCLE.labels("suspend_failed").inc()
+        log.warning("moving the session to Postgres failed; kept in Redis, retried next pass", namespace=namespace,
+                    sessionId=session_id, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        skeys = keys.session_keys(namespace, session_id)
+        try:
+            async with self.manager.redis.pipeline(transaction=False) as pipe:
+                for key in skeys.all():
+                    pipe.expire(key, IDLE_MARGIN, gt=True)
+                await pipe.execute()
+        except PASS_ERRORS as again:
+            log.warning("could not extend the session's TTL", namespace=namespace, sessionId=session_id,
+                        error=f"{type(again).__name__}: {str(again)[:200]}")
 
     async def keep_completed(self, completed: list[tuple[str, str]]) -> int:
         """Copy the completed sessions Postgres does not hold yet; returns how many were copied.
@@ -106,8 +161,12 @@ class LifecycleService:
         for namespace, ids in group_by_namespace(completed).items():
             stored = await self.suspended.stored_among(namespace, ids)
             for session_id in ids:
-                if session_id not in stored:
+                if session_id in stored:
+                    continue
+                try:
                     kept += await self.lifecycle.keep_completed(namespace, session_id)
+                except SUSPEND_ERRORS as exc:  # this session's copy failed; the others' go on
+                    await self._suspend_failed(namespace, session_id, exc)
         return kept
 
     async def _guarded(self, job: Callable[[], Awaitable[object]]) -> None:
@@ -154,8 +213,10 @@ class LifecycleService:
         if limit < 1:  # the live part filled the page: the stored part starts on the next one
             return {"sessions": [], "nextCursor": str(int(before.timestamp() * 1000))}
         rows = await self.suspended.page(namespace, p.status, before, limit + 1)
-        listed = await self._live(namespace, [row["sessionId"] for row in rows[:limit]]) if p.status == "completed" \
-            else set()
+        # Completed rows of sessions Redis still holds, and rows a crash caught mid-move whose live copy
+        # is the authority, are listed by the live part.
+        listed = await self._live(namespace, [row["sessionId"] for row in rows[:limit]]) \
+            if p.status in ("completed", "suspended") else set()
         retention = timedelta(days=self.settings.archive_after_days)
         wanted = [row for row in rows[:limit] if (p.agentId is None or p.agentId in row["agentIds"])
                   and row["sessionId"] not in listed]
@@ -190,6 +251,16 @@ class LifecycleService:
         registry.add("session.clear", SessionParams, self._clear, "admin")
 
     async def _create(self, call: Call, p: CreateIdleParams) -> Result:
+        if p.sessionId is None:
+            return await self._create_new(call, p)
+        namespace = call.identity.namespace
+        await self.lifecycle.refuse_stored(namespace, p.sessionId)
+        created = await self._create_new(call, p)
+        # A suspend of the id's old session may have completed between the check and the create.
+        await self.lifecycle.withdraw_if_stored(namespace, p.sessionId, created["epoch"])
+        return created
+
+    async def _create_new(self, call: Call, p: CreateIdleParams) -> Result:
         if (p.onIdle or self.settings.on_idle) != "suspend":
             return await self._create_plain(call, p)
         if p.ttl is not None and p.ttl > self.settings.session_ttl:
@@ -211,7 +282,8 @@ class LifecycleService:
             row = await self.suspended.get(namespace, p.sessionId) if self.settings.postgres_enabled else None
             if row is None:
                 raise
-        return self.get_stored(row, p)
+        async with self.heavy.slot():
+            return await self.get_stored(row, p)
 
     async def _condensed(self, namespace: str, session_id: str) -> Result:
         """The live condensed view; once compacted, its reducer part is the snapshot plus the events after (the
@@ -222,14 +294,15 @@ class LifecycleService:
             result.update(folder.result())
         return result
 
-    def get_stored(self, row: Suspended, p: GetAtParams) -> Result:
+    async def get_stored(self, row: Suspended, p: GetAtParams) -> Result:
         """session.get of a session Redis no longer holds but Postgres does (suspended, completed, archived)."""
         retention = timedelta(days=self.settings.archive_after_days)
         if p.atSeq is not None:
-            return stored_at(row, retention, p.atSeq)
+            return await stored_at(self.suspended, row, retention, p.atSeq)
         if p.condensed:
-            return stored_condensed(row, retention)
-        return stored_get(row, retention, p.since, p.limit or PAGE, page_bytes(self.settings.ws_send_buffer))
+            return await stored_condensed(self.suspended, row, retention)
+        return await stored_get(self.suspended, row, retention, p.since, p.limit or PAGE,
+                                page_bytes(self.settings.ws_send_buffer))
 
     async def _list(self, call: Call, p: ListStatusParams) -> Result:
         return await self.list_sessions(call.identity.namespace, p)
@@ -244,13 +317,16 @@ class LifecycleService:
         return await self.history.compact(call.identity.namespace, p.sessionId, p.beforeSeq)
 
     async def _fork(self, call: Call, p: ForkParams) -> Result:
-        return await self.lifecycle.fork(call.identity, p.sessionId, p.atSeq, p.newSessionId)
+        async with self.heavy.slot():
+            return await fork(self.lifecycle, call.identity, p.sessionId, p.atSeq, p.newSessionId)
 
     async def _suspend(self, call: Call, p: SessionParams) -> Result:
-        return await self.lifecycle.suspend(call.identity.namespace, p.sessionId)
+        async with self.heavy.slot():
+            return await self.lifecycle.suspend(call.identity.namespace, p.sessionId)
 
     async def _resume(self, call: Call, p: SessionParams) -> Result:
-        return await self.lifecycle.resume(call.identity.namespace, p.sessionId)
+        async with self.heavy.slot():
+            return await self.lifecycle.resume(call.identity.namespace, p.sessionId)
 
     async def _clear(self, call: Call, p: SessionParams) -> Result:
         return await self.lifecycle.clear(call.identity.namespace, p.sessionId)

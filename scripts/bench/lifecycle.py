@@ -17,6 +17,7 @@ from bench.harness import PAYLOAD, Env, Figure, Samples, Target, latency_extra, 
 from bench.watch import quiet
 from memento_sessions import keys
 from memento_sessions.backends import Postgres
+from memento_sessions.sessions.fork import fork as fork_session
 from memento_sessions.sessions.history import History
 from memento_sessions.sessions.lifecycle import Lifecycle
 from memento_sessions.sessions.manager import SessionManager
@@ -86,7 +87,7 @@ async def moves(env: Env) -> list[Figure]:
         await store.migrate()
         parents = [await filled(env, manager, None, count) for _ in range(rounds)]
         await quiet(env)
-        fork = await timed(rounds, lambda i: lifecycle.fork(env.who(), parents[i], count, None))
+        fork = await timed(rounds, lambda i: fork_session(lifecycle, env.who(), parents[i], count, None))
         fork_floor = await timed(rounds, lambda i: bare_copy(env, parents[i], f"bare-fork-{i}"))
         suspend = await timed(rounds, lambda i: lifecycle.suspend(env.namespace, parents[i]))
         resume = await timed(rounds, lambda i: lifecycle.resume(env.namespace, parents[i]))

@@ -1,0 +1,116 @@
+"""A whole session read out of Redis or written into it a chunk at a time, so a suspend, resume or fork
+holds at most a chunk of it in the daemon (MEMENTO_SUSPEND_CHUNK_BYTES), not all of it.
+
+A write goes through `ms_stage` calls that fill the session's events, ids and agents while it has no hash
+(every reader and writer treats a session without its hash as absent), then one `ms_restore` call that
+writes the hash and publishes: the session appears whole or not at all. A write cut short leaves keys
+that expire with the TTL they were given, and the next write of the id clears them first.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from memento_sessions.errors import Conflict
+from memento_sessions.keys import SessionKeys
+from memento_sessions.sessions.models import MAX_EVENT_BYTES
+from memento_sessions.sessions.paging import seq_of
+from memento_sessions.sessions.store import FunctionStore
+
+SNAPSHOT_FIELDS = "~snap"  # the prefix of the ids-hash fields that are snapshots (and their list)
+
+
+def per_read(chunk_bytes: int) -> int:
+    """Events read from Redis per round trip: as many as fit a chunk at the largest event size."""
+    return max(1, chunk_bytes // MAX_EVENT_BYTES)
+
+
+def flat(pairs: Iterable[tuple[str, Any]]) -> list[Any]:
+    """Pairs as the field, value, field, value, ... arguments of a command."""
+    return [item for pair in pairs for item in pair]
+
+
+def scored(members: list[str]) -> list[str | int]:
+    """Stored events as the seq, member, seq, member, ... arguments of ZADD."""
+    return [item for member in members for item in (seq_of(member), member)]
+
+
+async def head(redis: aioredis.Redis, skeys: SessionKeys) -> tuple[dict[str, str], list[str], list[int]]:
+    """A session's hash, agents and snapshot seqs, in one transaction (empty hash: not in Redis)."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.hgetall(skeys.session)
+        pipe.smembers(skeys.agents)
+        pipe.hget(skeys.ids, "~snaps")
+        fields, agents, snaps = await pipe.execute()
+    return fields, sorted(agents), [int(s) for s in (snaps or "").split()]
+
+
+async def redis_events(redis: aioredis.Redis, skeys: SessionKeys, after: int, upto: int | None,
+                       count: int) -> AsyncIterator[list[str]]:
+    """The session's stored events with `after` < seq (<= `upto`), `count` per round trip."""
+    top = "+inf" if upto is None else str(upto)
+    while True:
+        members: list[Any] = await redis.zrangebyscore(skeys.events, f"({after}", top, start=0, num=count)
+        if not members:
+            return
+        yield members
+        after = seq_of(members[-1])
+        if len(members) < count:
+            return
+
+
+async def redis_ids(redis: aioredis.Redis, skeys: SessionKeys, count: int) -> AsyncIterator[list[tuple[str, str]]]:
+    """The session's ids-hash fields other than its snapshots, about `count` per round trip."""
+    cursor = 0
+    while True:
+        reply: Any = await redis.hscan(skeys.ids, cursor, count=count)
+        cursor, found = reply
+        pairs = [(k, v) for k, v in found.items() if not k.startswith(SNAPSHOT_FIELDS)]
+        if pairs:
+            yield pairs
+        if cursor == 0:
+            return
+
+
+class Stager:
+    """One staged write of a session into Redis (a resume or a fork): stage parts, then `restore`."""
+
+    def __init__(self, store: FunctionStore, skeys: SessionKeys, ttl: int) -> None:
+        self.store, self.skeys, self.ttl = store, skeys, ttl
+        self.token = uuid.uuid4().hex
+
+    async def start(self) -> None:
+        """Claim the id: Conflict (EXISTS) when a session holds it; leftovers of a cut-short write go."""
+        await self._stage("1", "")
+
+    async def events(self, members: list[str]) -> None:
+        await self._stage("0", "z", *scored(members))
+
+    async def ids(self, pairs: list[tuple[str, str]]) -> None:
+        await self._stage("0", "h", *flat(pairs))
+
+    async def agents(self, agents: list[str]) -> None:
+        for start in range(0, len(agents), 1000):
+            await self._stage("0", "a", *agents[start:start + 1000])
+
+    async def restore(self, mode: str, fields: dict[str, str], frames: list[str]) -> bool:
+        """Write the hash and publish: the session is live. False when a resume finds the same session
+        (epoch and seq) live already."""
+        done = await self._call("ms_restore", mode, self.ttl, self.token, *frames, *flat(fields.items()))
+        return bool(done)
+
+    async def _stage(self, start: str, kind: str, *items: str | int) -> None:
+        await self._call("ms_stage", self.token, self.ttl, start, kind, *items)
+
+    async def _call(self, function: str, *args: str | int) -> Any:
+        try:
+            return await self.store.call(function, self.skeys, *args)
+        except ResponseError as exc:
+            if str(exc).startswith("RETRY"):
+                raise Conflict("another write of this session took over; try again", {"reason": "busy"}) from None
+            raise
