@@ -38,13 +38,12 @@ def daemon_url(settings: Settings) -> str:
 
 
 def cli_token(settings: Settings, namespace: str, admin: bool = False) -> str:
-    """MEMENTO_TOKEN, else a short-lived token signed with the data dir's secret."""
-    if settings.token and not admin:
+    """MEMENTO_TOKEN whenever it is set (every command acts as it: its namespace, its scopes; a command its
+    scopes do not cover is refused by the daemon), else a short-lived token signed with the data dir's secret."""
+    if settings.token:
         return settings.token
     secret = settings.auth_secret or existing_auth_secret(settings.data_dir)
     if secret is None:
-        if settings.token:
-            return settings.token
         raise ConfigError(f"no MEMENTO_TOKEN and no daemon's secret in {settings.data_dir}")
     scope = "sessions:read sessions:write" + (" admin" if admin else "")
     return issue_token(secret, "cli", namespace, scope, 3600)

@@ -179,3 +179,21 @@ async def test_tail_follow_prints_every_event_once_across_a_daemon_restart(
             first.kill()
             first.wait()
     assert printed == list(range(1, 9))
+
+
+async def test_every_command_acts_as_memento_token(daemon: Daemon, cli_env: str, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """With MEMENTO_TOKEN set, `clear` (an admin command) acts in the token's namespace with its scopes too,
+    whatever --namespace says and though the data dir's secret is at hand."""
+    ns, other = cli_env, cli_env + "-b"
+    async with rpc(daemon.port, token("alice", ns)) as peer:
+        await peer.call("session.create", {"sessionId": "s1"})
+    monkeypatch.setenv("MEMENTO_TOKEN", token("bob", other, "sessions:read sessions:write admin"))
+    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", ns, "clear", "s1"])
+    assert code == 1 and "not found (-32004)" in capsys.readouterr().err  # team-b has no s1
+    monkeypatch.setenv("MEMENTO_TOKEN", token("bob", ns))  # the right namespace, but no admin scope
+    code = await anyio.to_thread.run_sync(main, ["session", "clear", "s1"])
+    assert code == 1 and "admin" in capsys.readouterr().err
+    monkeypatch.delenv("MEMENTO_TOKEN")
+    async with rpc(daemon.port, token("alice", ns)) as peer:
+        assert (await peer.call("session.get", {"sessionId": "s1"}))["session"]["sessionId"] == "s1"
