@@ -151,9 +151,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `session` and its sub-commands to the command line."""
     parser = sub.add_parser("session", help="list, show, tail, diff, fork, suspend, resume, complete or clear sessions",
                             description="Look at and steer the sessions of the daemon running on the data dir.")
-    parser.add_argument("--namespace", default="default", help="namespace (ignored with MEMENTO_TOKEN: the token's)")
-    parser.add_argument("--data-dir", help="the daemon's data dir (MEMENTO_DATA_DIR, default ./.memento)")
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+    common_options(parser, {"namespace": "default", "data_dir": None, "json": False})
     parser.set_defaults(func=_session)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = actions.add_parser("list", help="sessions, newest first")
@@ -187,3 +185,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = actions.add_parser("complete", help="final checkpoint: the session is completed")
     p.add_argument("id")
     p.set_defaults(session_func=complete)
+    for action in actions.choices.values():  # the same options after the action: `session list --json`
+        common_options(action, None)
+
+
+def common_options(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None) -> None:
+    """--namespace, --data-dir and --json, before the action (with their defaults) or after it (an option
+    given there wins; one not given leaves the value from before the action: argparse.SUPPRESS)."""
+    def default(name: str) -> Any:
+        return argparse.SUPPRESS if defaults is None else defaults[name]
+
+    parser.add_argument("--namespace", default=default("namespace"),
+                        help="namespace (ignored with MEMENTO_TOKEN: the token's)")
+    parser.add_argument("--data-dir", default=default("data_dir"),
+                        help="the daemon's data dir (MEMENTO_DATA_DIR, default ./.memento)")
+    parser.add_argument("--json", action="store_true", default=default("json"),
+                        help="print JSON for scripts instead of tables")

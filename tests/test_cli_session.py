@@ -197,3 +197,18 @@ async def test_every_command_acts_as_memento_token(daemon: Daemon, cli_env: str,
     monkeypatch.delenv("MEMENTO_TOKEN")
     async with rpc(daemon.port, token("alice", ns)) as peer:
         assert (await peer.call("session.get", {"sessionId": "s1"}))["session"]["sessionId"] == "s1"
+
+
+async def test_options_after_the_action(daemon: Daemon, cli_env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`session list --json` and `session show ID --json` (as docs/lifecycle.md shows them), as well as before."""
+    ns = cli_env
+    async with rpc(daemon.port, token("alice", ns)) as peer:
+        await peer.call("session.create", {"sessionId": "s1"})
+    code, out = await run(capsys, "session", "list", "--json", "--namespace", ns)
+    assert code == 0 and [s["sessionId"] for s in json.loads(out)["sessions"]] == ["s1"]
+    code, out = await run(capsys, "session", "show", "s1", "--json", "--namespace", ns)
+    assert code == 0 and json.loads(out)["session"]["status"] == "active"
+    code, out = await run(capsys, "session", "--namespace", ns, "--json", "show", "s1")
+    assert code == 0 and json.loads(out)["session"]["sessionId"] == "s1"
+    code, out = await run(capsys, "session", "--namespace", "elsewhere", "list", "--namespace", ns)
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["s1", "active"]  # the later one wins
