@@ -11,8 +11,9 @@ crash writes nothing. Only one hook delivers at a time (a second lock); the othe
 It prints nothing and exits 0 whatever happens: its output would reach the agent. Its imports are the
 standard library, the pure converters and a small WebSocket client, so it is done within 200 ms
 including the interpreter's start. Configuration comes from the environment only (reading .env and
-validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_URL (else the port
-in `<data dir>/runtime.json`), MEMENTO_DATA_DIR.
+validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_DATA_DIR, and where the
+daemon is by every command's rule (the port in `<data dir>/runtime.json`, else MEMENTO_URL, else
+MEMENTO_HOST / MEMENTO_PORT).
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ NOT_FOUND, INVALID, CONFLICT = -32004, -32602, -32009
 HELP = """\
 Put it in Claude Code's hook settings (.claude/settings.json) for the events you want recorded; the
 README has the block to paste. Environment: MEMENTO_TOKEN (the agent's token), MEMENTO_DATA_DIR (the
-daemon's data dir: its spool and runtime.json), MEMENTO_URL (ws://host:port/ws, else the data dir's
-daemon on 127.0.0.1).
+daemon's data dir: its spool and runtime.json). The daemon: the port in the data dir's runtime.json (a
+running daemon writes it), else MEMENTO_URL (ws://host:port/ws), else MEMENTO_HOST / MEMENTO_PORT.
 """
 
 
@@ -104,15 +105,13 @@ def read_text(path: str) -> str:
         return file.read()
 
 
-def daemon_url() -> str | None:
-    """MEMENTO_URL, else the local daemon of the data dir (its runtime.json names the port)."""
-    if os.environ.get("MEMENTO_URL"):
-        return os.environ["MEMENTO_URL"]
-    try:
-        port = json.loads(read_text(os.path.join(os.path.dirname(spool_dir()), "runtime.json")))["port"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return f"ws://127.0.0.1:{port}/ws"
+def daemon_url() -> str:
+    """The daemon, by every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else
+    MEMENTO_URL, else MEMENTO_HOST / MEMENTO_PORT."""
+    from memento_sessions.cli_wire import daemon_url as find
+
+    env = os.environ
+    return find(os.path.dirname(spool_dir()), env.get("MEMENTO_URL"), env.get("MEMENTO_HOST"), env.get("MEMENTO_PORT"))
 
 
 def read_offset(folder: str) -> int:
@@ -187,10 +186,12 @@ def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
 
 def deliver(folder: str, deadline: float) -> bool:
     """Send the spooled inputs in order until done or the deadline; True when nothing is left."""
-    token, url = os.environ.get("MEMENTO_TOKEN"), daemon_url()
-    if not token or not url:
+    token = os.environ.get("MEMENTO_TOKEN")
+    if not token:
         return False
     from memento_sessions.cli_wire import Wire, WireError
+
+    url = daemon_url()
 
     try:
         with Locked(os.path.join(folder, "deliver.lock"), os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):

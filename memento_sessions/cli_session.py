@@ -1,16 +1,16 @@
 """`memento-sessions session ...`: look at and steer sessions from a shell, over the running daemon's /ws.
 
-The commands are a client of the daemon like any other (memento_sessions.client.Client): they find its
-port in the data dir's runtime.json (or MEMENTO_PORT), and sign a token with the data dir's secret for
-the namespace given, unless MEMENTO_TOKEN is set. Tables are for people; `--json` prints the results
-as they come from the daemon, for scripts.
+The commands are a client of the daemon like any other (memento_sessions.client.Client): they find it as
+every command does (the data dir's runtime.json, else MEMENTO_URL, else MEMENTO_HOST / MEMENTO_PORT), and
+act as MEMENTO_TOKEN when it is set, else sign a token with the data dir's secret for the namespace given.
+Tables are for people; `--json` prints the results as they come from the daemon, for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -18,9 +18,9 @@ from typing import Any
 import anyio
 
 from memento_sessions.auth import issue_token
+from memento_sessions.cli_wire import daemon_url as find_daemon
 from memento_sessions.client import Client
 from memento_sessions.embedded.datadir import existing_auth_secret
-from memento_sessions.endpoints import runtime_file
 from memento_sessions.errors import ConfigError, RpcError
 from memento_sessions.settings import Settings
 
@@ -29,12 +29,9 @@ LIST_COLUMNS = ("sessionId", "status", "state", "seq", "agents", "updatedAt")
 
 
 def daemon_url(settings: Settings) -> str:
-    """ws://host:port/ws of the daemon running on the data dir (runtime.json), else MEMENTO_HOST/PORT."""
-    port = settings.port
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        port = int(json.loads(runtime_file(settings).read_text())["port"])
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return f"ws://{host}:{port}/ws"
+    """Every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else MEMENTO_URL, else
+    MEMENTO_HOST / MEMENTO_PORT."""
+    return find_daemon(str(settings.data_dir), os.environ.get("MEMENTO_URL"), settings.host, settings.port)
 
 
 def cli_token(settings: Settings, namespace: str, admin: bool = False) -> str:

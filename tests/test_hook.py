@@ -115,12 +115,12 @@ def test_the_hook_imports_nothing_heavy(tmp_path: Path, namespace: str) -> None:
     """What makes the hook fast is what it does not import: no pydantic (settings), anyio, websockets, JWT,
     structlog, the async client, argparse, dataclasses (inspect), datetime or hashlib (OpenSSL) for an edit,
     nor the socket module (its enums), the idna codec (getaddrinfo with a str host), base64 or struct;
-    while spooling, not even typing, the converters or `_socket`."""
+    while spooling only (no token to deliver with), not even typing, the converters or `_socket`."""
     heavy = {"pydantic", "pydantic_settings", "anyio", "websockets", "jwt", "structlog", "redis", "argparse",
              "dataclasses", "datetime", "hashlib", "memento_sessions.settings", "memento_sessions.client",
              "memento_sessions.auth", "socket", "encodings.idna", "base64", "struct"}
     env = {**hook_env(tmp_path, namespace, free_port()), "PYTHONPROFILEIMPORTTIME": "1"}
-    spooling = {key: value for key, value in env.items() if key != "MEMENTO_URL"}  # no daemon known: spool only
+    spooling = {key: value for key, value in env.items() if key != "MEMENTO_TOKEN"}  # nothing to deliver with
     only_spooling = heavy | {"memento_sessions.ingest.claude_hooks", "_socket", "typing"}
     for variables, lean in ((env, heavy), (spooling, only_spooling)):
         done = run_hook(variables, hook_input("claude-3", 0))
@@ -130,7 +130,7 @@ def test_the_hook_imports_nothing_heavy(tmp_path: Path, namespace: str) -> None:
 
 
 def test_the_hook_process_costs_little_beyond_the_interpreter(tmp_path: Path, namespace: str) -> None:
-    env = {key: value for key, value in hook_env(tmp_path, namespace, free_port()).items() if key != "MEMENTO_URL"}
+    env = {key: value for key, value in hook_env(tmp_path, namespace, free_port()).items() if key != "MEMENTO_TOKEN"}
 
     def median(command: list[str], stdin: bytes) -> float:
         times = []
