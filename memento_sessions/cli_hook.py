@@ -6,7 +6,8 @@ spooled input not yet delivered, oldest first, within its time budget. Nothing i
 is down (the next hook call delivers the backlog, or `memento-sessions hook --flush`), and nothing is
 doubled: the events' ids derive from the input and the time it was read, the daemon writes an id once
 per session, and the delivered offset is committed after each batch, so a batch sent again after a
-crash writes nothing. Only one hook delivers at a time (a second lock); the others just spool.
+crash writes nothing. Only one hook delivers at a time (a second lock); the others just spool. A session
+that is not live is resumed when it was suspended, else created (never created over a suspended one).
 
 It prints nothing and exits 0 whatever happens: its output would reach the agent. Its imports are the
 standard library, the pure converters and a small WebSocket client, so it is done within 200 ms
@@ -166,7 +167,8 @@ def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
 
 
 def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
-    """Emit the events into the session, creating it on first use; RpcFailure for a refusal."""
+    """Emit the events into the session, bringing it back (resumed, else created) when it is not live;
+    RpcFailure for a refusal."""
     from memento_sessions.cli_wire import RpcFailure
 
     for start in range(0, len(events), BATCH):
@@ -176,12 +178,51 @@ def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
         except RpcFailure as exc:
             if exc.code != NOT_FOUND:
                 raise
-            try:
-                wire.call("session.create", {"sessionId": sid})
-            except RpcFailure as created:
-                if created.code != CONFLICT:  # another hook created it meanwhile: fine
-                    raise
+            reopen(wire, sid)
             wire.call("event.emitBatch", batch)
+
+
+def reopen(wire: Wire, sid: str) -> None:
+    """A session that is not live: resume it when it was suspended (`session suspend`, then a resumed Claude
+    session), else create it. Never a create over a suspended session: that would shadow its events."""
+    from memento_sessions.cli_wire import RpcFailure
+
+    if resume(wire, sid):
+        return
+    try:
+        wire.call("session.create", {"sessionId": sid})
+    except RpcFailure as created:
+        if created.code != CONFLICT:
+            raise
+        if reason(created) == "suspended":  # suspended meanwhile: the daemon refuses a create onto its id
+            resume(wire, sid)
+        # else another hook created it meanwhile: fine
+
+
+def resume(wire: Wire, sid: str) -> bool:
+    """True when the session is live after a `session.resume` (by this call or another hook's), False when
+    there is nothing to resume; RpcFailure when it cannot be (completed, archived)."""
+    from memento_sessions.cli_wire import RpcFailure
+
+    try:
+        wire.call("session.resume", {"sessionId": sid})
+    except RpcFailure as exc:
+        if exc.code == NOT_FOUND:
+            return False
+        if exc.code == CONFLICT and reason(exc) == "active":
+            return True
+        raise
+    return True
+
+
+def reason(exc: RpcFailure) -> object:
+    return exc.data.get("reason") if isinstance(exc.data, dict) else None
+
+
+def refused_for_good(exc: RpcFailure) -> bool:
+    """Invalid input, or a session that takes no more events (a conflict: completed, archived): set aside,
+    as waiting would block the spool forever. Anything else (rate, backend, full) may pass later."""
+    return exc.code in (INVALID, CONFLICT)
 
 
 def deliver(folder: str, deadline: float) -> bool:
@@ -211,9 +252,9 @@ def _deliver(folder: str, wire: Wire) -> bool:
                     if sid and events:
                         send(wire, sid, events)
                 except RpcFailure as exc:
-                    if exc.code != INVALID:  # refused for now (rate, backend, full): try again later
+                    if not refused_for_good(exc):  # refused for now (rate, backend, full): try again later
                         return False
-                    reject(folder, entry, exc)  # refused for good: set aside, never block the spool
+                    reject(folder, entry, exc)  # set aside, never block the spool
                 write_offset(folder, end)
         compact(folder)
         return True

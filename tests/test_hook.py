@@ -22,8 +22,9 @@ from memento_sessions.cli_wire import Wire, WireError, quote, split_url
 from memento_sessions.client import Client
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.server.daemon import running
+from memento_sessions.server.daemon import Daemon, running
 from tests.helpers import make_settings, token
+from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
 HOOK = [str(Path(sys.executable).with_name("memento-sessions")), "hook"]
@@ -184,3 +185,39 @@ def test_a_wss_url_speaks_tls() -> None:
         thread.join(10)
     assert first[:2] == b"\x16\x03"
     assert len(failure) == 1 and isinstance(failure[0], WireError)
+
+
+async def test_a_suspended_session_is_resumed_not_created_again(daemon: Daemon, tmp_path: Path,
+                                                                 namespace: str) -> None:
+    """`session suspend`, then the Claude session goes on (claude --resume): the hook brings the suspended
+    session back with its events and seqs; a new session of that id would shadow them."""
+    env = hook_env(tmp_path, namespace, daemon.port)
+    for n in range(2):
+        assert (await anyio.to_thread.run_sync(run_hook, env, hook_input("claude-s", n))).returncode == 0
+    before = await stored(daemon.port, namespace, "claude-s")
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        assert (await peer.call("session.suspend", {"sessionId": "claude-s"}))["status"] == "suspended"
+        for n in range(2, 4):
+            assert (await anyio.to_thread.run_sync(run_hook, env, hook_input("claude-s", n))).returncode == 0
+        assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0
+        session = (await peer.call("session.get", {"sessionId": "claude-s"}))["session"]
+    after = await stored(daemon.port, namespace, "claude-s")
+    assert len(before) == 3 and session["status"] == "active"
+    assert after[:3] == before  # the first events are still there, with their seqs
+    assert [event["seq"] for event in after] == list(range(1, 7))  # and the new ones follow: 3 + 3
+    assert [event["id"] for event in after[3:]] == ["toolu_0001:use", "toolu_0001:result", "toolu_0001:modified"]
+
+
+async def test_a_completed_session_sets_the_input_aside_and_the_spool_moves_on(daemon: Daemon, tmp_path: Path,
+                                                                                namespace: str) -> None:
+    env = hook_env(tmp_path, namespace, daemon.port)
+    assert (await anyio.to_thread.run_sync(run_hook, env, hook_input("claude-c", 0))).returncode == 0
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        await peer.call("session.checkpoint", {"sessionId": "claude-c", "final": True})
+    for sid in ("claude-c", "claude-d"):
+        assert (await anyio.to_thread.run_sync(run_hook, env, hook_input(sid, 1))).returncode == 0
+    assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0  # nothing left
+    rejected = [json.loads(line) for line in (tmp_path / "hook-spool" / "rejected.jsonl").read_text().splitlines()]
+    assert [(entry["input"]["session_id"], entry["error"]) for entry in rejected] == [
+        ("claude-c", "session is completed (-32009)")]
+    assert len(await stored(daemon.port, namespace, "claude-d")) == 2  # the next input was delivered
