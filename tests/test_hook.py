@@ -79,6 +79,8 @@ async def test_spools_while_the_daemon_is_down_then_delivers_in_order_exactly_on
     modified = [event["changeInfo"]["entityIds"] for event in first if event["type"] == "modified"]
     assert modified == [["file:src/f0.py"], ["file:src/f1.py"], ["file:src/f2.py"]]
     assert spool.read_text() == ""  # everything delivered: the spool is emptied
+    assert {path.name: path.stat().st_mode & 0o777 for path in spool.parent.glob("spool.*")} == {
+        "spool.jsonl": 0o600, "spool.offset": 0o600}  # owner-only, as everything in the data dir
     # The daemon goes away again: two more inputs spool; after its restart one call delivers both, and a
     # replayed old spool (a crash before the offset was committed) writes nothing twice.
     for n in (7, 8):
@@ -221,3 +223,74 @@ async def test_a_completed_session_sets_the_input_aside_and_the_spool_moves_on(d
     assert [(entry["input"]["session_id"], entry["error"]) for entry in rejected] == [
         ("claude-c", "session is completed (-32009)")]
     assert len(await stored(daemon.port, namespace, "claude-d")) == 2  # the next input was delivered
+
+
+def spooled_line(sid: str, n: int, pad: int) -> str:
+    """One spool line as the hook writes it: an input of about `pad` bytes, when it was read, the root."""
+    record = hook_input(sid, n)
+    record["tool_input"]["new_string"] = "x" * pad
+    return json.dumps({"at": f"2026-01-01T00:00:00.{n:06d}Z", "root": "/repo", "input": record}) + "\n"
+
+
+def measured_hook(env: dict[str, str], record: Any | None, *args: str) -> tuple[float, int, bytes]:
+    """One hook process: (seconds, its peak RSS in MB, its stderr)."""
+    code = ("import sys\nfrom memento_sessions.cli import main\ncode = main(sys.argv[1:])\n"  # VmHWM: this process's
+            "print(next(line for line in open('/proc/self/status') if line.startswith('VmHWM')).split()[1])\n"
+            "sys.exit(code)")  # (ru_maxrss would carry the forking pytest's across exec)
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", code, "hook", *args], env=env, capture_output=True, timeout=60,
+                          check=False, input=b"" if record is None else json.dumps(record).encode())
+    assert done.returncode == 0, done.stderr
+    return time.perf_counter() - started, int(done.stdout) // 1024, done.stderr
+
+
+async def test_a_large_backlog_goes_out_in_chunks_within_each_call_s_budget(daemon: Daemon, tmp_path: Path,
+                                                                            namespace: str) -> None:
+    """24 MB of spooled inputs (3,000 of 8 KB): each hook call delivers a part of it, in about its 150 ms
+    budget and in memory that does not grow with the backlog (it read all of it: +32 MB here; at 100 MB the
+    reading alone outlasted the budget and nothing was delivered)."""
+    folder = tmp_path / "hook-spool"
+    folder.mkdir()
+    lines = [spooled_line("claude-b", n, 8000) for n in range(3000)]
+    (folder / "spool.jsonl").write_text("".join(lines))
+    env = hook_env(tmp_path, namespace, daemon.port)
+    bare = await anyio.to_thread.run_sync(measured_hook, env, None)  # no input: reads nothing
+    offsets = []
+    for n in (3000, 3001, 3002):
+        seconds, rss, err = await anyio.to_thread.run_sync(measured_hook, env, hook_input("claude-b", n))
+        offsets.append(int((folder / "spool.offset").read_text()))
+        assert err == b""
+        assert seconds < bare[0] + 1.0, (seconds, bare)  # the budget is 0.15 s; slack for a shared host
+        assert rss < bare[1] + 16, (rss, bare)  # MB beyond a hook that reads nothing: a chunk, not 24 MB
+    assert 0 < offsets[0] < offsets[1] < offsets[2]  # every call delivered a part, in order
+    delivered = await stored(daemon.port, namespace, "claude-b")
+    assert delivered[0]["id"] == "toolu_0000:use"
+    assert [event["seq"] for event in delivered] == list(range(1, len(delivered) + 1))
+
+
+async def test_the_spool_is_capped_oldest_dropped_counted_and_said_once(backend_urls: Endpoints, tmp_path: Path,
+                                                                         namespace: str) -> None:
+    folder = tmp_path / "hook-spool"
+    folder.mkdir()
+    (folder / "spool.jsonl").write_text("".join(spooled_line("claude-k", n, 8000) for n in range(400)))  # 3.2 MB
+    down = {**hook_env(tmp_path, namespace, free_port()), "MEMENTO_HOOK_SPOOL_MAX_BYTES": str(1024 * 1024)}
+    done = await anyio.to_thread.run_sync(run_hook, down, hook_input("claude-k", 400))
+    kept = (folder / "spool.jsonl").read_text().splitlines()
+    dropped = 401 - len(kept)
+    assert done.returncode == 0 and done.stdout == b""
+    assert done.stderr.decode().splitlines() == [
+        f"memento-sessions hook: more than 1048576 bytes spooled and not delivered: dropped the {dropped} oldest "
+        f"inputs ({dropped} in all; MEMENTO_HOOK_SPOOL_MAX_BYTES sets the cap)"]
+    assert (folder / "spool.jsonl").stat().st_size <= 512 * 1024 and 50 <= len(kept) < 70  # the newest half
+    assert [json.loads(line)["input"]["tool_use_id"] for line in kept[-2:]] == ["toolu_0199", "toolu_0200"]
+    assert (folder / "dropped").read_text() == str(dropped)
+    done = await anyio.to_thread.run_sync(run_hook, down, hook_input("claude-k", 401))
+    assert (done.returncode, done.stderr) == (0, b"")  # said once: nothing more was dropped
+    settings = make_settings(backend_urls, tmp_path / "d", port=free_port())
+    async with running(settings) as daemon:
+        up = {**down, "MEMENTO_URL": f"ws://127.0.0.1:{daemon.port}/ws"}
+        assert (await anyio.to_thread.run_sync(run_hook, up, None, "--flush")).returncode == 0
+        delivered = await stored(daemon.port, namespace, "claude-k")
+    first = json.loads(kept[0])["input"]
+    assert delivered[0]["id"].startswith(first["tool_use_id"])  # the kept inputs, from the oldest kept
+    assert delivered[-1]["id"] == "toolu_0200:modified" and len(delivered) == (len(kept) + 1) * 3 // 2
