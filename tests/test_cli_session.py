@@ -212,3 +212,19 @@ async def test_options_after_the_action(daemon: Daemon, cli_env: str, capsys: py
     assert code == 0 and json.loads(out)["session"]["sessionId"] == "s1"
     code, out = await run(capsys, "session", "--namespace", "elsewhere", "list", "--namespace", ns)
     assert code == 0 and out.splitlines()[1].split()[:2] == ["s1", "active"]  # the later one wins
+
+
+async def test_a_reader_that_goes_away_ends_the_command_quietly(daemon: Daemon, cli_env: str) -> None:
+    """`session list | head -1`: the pipe breaks under the command, which exits 141 (as a shell reports a
+    SIGPIPE) and says nothing, rather than "cannot connect: [Errno 32] Broken pipe" and 1."""
+    async with rpc(daemon.port, token("alice", cli_env)) as peer:
+        for n in range(500):  # a table larger than a pipe's buffer (64 KiB)
+            await peer.call("session.create", {"sessionId": f"s{n:03d}-{'x' * 120}"})
+    env = {**os.environ, "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_DATA_DIR": str(daemon.settings.data_dir)}
+    env.pop("MEMENTO_TOKEN", None)
+    shell = f"{sys.executable} -m memento_sessions.cli session list --limit 500 --namespace {cli_env} | head -1; " \
+            "echo \"${PIPESTATUS[0]}\" >&2"
+    done = await anyio.run_process(["bash", "-c", shell], env=env, check=False)
+    status = done.stderr.decode().strip().splitlines()
+    assert done.stdout.decode().split() == ["SESSIONID", "STATUS", "STATE", "SEQ", "AGENTS", "UPDATEDAT"]
+    assert status == ["141"] or status == ["0"], status  # nothing else on stderr
