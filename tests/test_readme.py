@@ -22,8 +22,8 @@ pytestmark = pytest.mark.anyio
 README = (Path(__file__).parent.parent / "README.md").read_text()
 
 
-def blocks(language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", README, flags=re.MULTILINE | re.DOTALL)
+def blocks(language: str, text: str = README) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, flags=re.MULTILINE | re.DOTALL)
 
 
 async def test_the_python_example_runs_as_written(daemon: Daemon, namespace: str) -> None:
@@ -75,3 +75,24 @@ async def test_a_failed_test_run_makes_the_live_session_broken(daemon: Daemon, n
         types = [event["type"] async for event in client.iter_events("live-1")]
     assert session["state"] == "broken"
     assert types.count("broke") == 1 and "test_pass" not in types
+
+
+def test_the_labels_and_edge_types_kg_load_accepts_are_documented() -> None:
+    from memento_sessions.kg.graph import LABELS, RELATIONSHIPS
+
+    text = " ".join(README.split())
+    labels = re.search(r"`labels` are among (.*?) \(every node", text)
+    types = re.search(r"an edge's `type` is one of (.*?)\.", text)
+    assert labels is not None and types is not None
+    assert re.findall(r"`(\w+)`", labels.group(1)) == list(LABELS)
+    assert re.findall(r"`(\w+)`", types.group(1)) == list(RELATIONSHIPS)
+
+
+def test_every_ingest_example_finds_the_command() -> None:
+    """The examples run `memento-sessions`, which scripts/serve puts in .venv/bin: each block that runs it puts
+    .venv/bin on PATH first (or runs it by that path)."""
+    for text in (README, (Path(__file__).parent.parent / "docs" / "ingest.md").read_text()):
+        runs = [block for block in blocks("sh", text) if "memento-sessions ingest" in block]
+        assert runs
+        for block in runs:
+            assert ".venv/bin" in block[:block.index("memento-sessions")], block
