@@ -64,17 +64,32 @@ _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 
 def daemon_url(data_dir: str, url: str | None, host: str | None, port: str | int | None) -> str:
     """Where every command finds the daemon, one rule: the port (and listen address) in the data dir's
-    runtime.json, which a running daemon writes in every mode; else `url` (MEMENTO_URL); else `host` and
-    `port` (MEMENTO_HOST / MEMENTO_PORT, default 127.0.0.1:8765). A wildcard listen address means loopback."""
+    runtime.json, which a running daemon writes in every mode (unless the process that wrote it is gone);
+    else `url` (MEMENTO_URL); else `host` and `port` (MEMENTO_HOST / MEMENTO_PORT, default 127.0.0.1:8765).
+    A wildcard listen address means loopback."""
     try:
         with open(os.path.join(data_dir, "runtime.json"), encoding="utf-8") as file:
             runtime = json.loads(file.read())
-        return _ws_url(runtime.get("host"), int(runtime["port"]))
+        if _alive(runtime.get("pid")):  # a daemon killed with -9 left its file behind
+            return _ws_url(runtime.get("host"), int(runtime["port"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     if url:
         return url
     return _ws_url(host, int(port or 8765))
+
+
+def _alive(pid: object) -> bool:
+    """Whether the process that wrote runtime.json still runs (True when the file names none)."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        return True
+    return True
 
 
 def _ws_url(host: str | None, port: int) -> str:

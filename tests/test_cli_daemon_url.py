@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def test_the_rule_runtime_json_then_memento_url_then_host_and_port(tmp_path: Pat
     assert daemon_url(str(tmp_path), "wss://far.example/ws", "10.1.2.3", 9001) == "ws://127.0.0.1:4711/ws"
     (tmp_path / "runtime.json").write_text(json.dumps({"host": "::1", "port": 4712}))
     assert daemon_url(str(tmp_path), None, None, None) == "ws://[::1]:4712/ws"
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, check=True)
+    (tmp_path / "runtime.json").write_text(json.dumps({"port": 4713, "pid": int(gone.stdout)}))
+    assert daemon_url(str(tmp_path), "ws://h:1/ws", None, None) == "ws://h:1/ws"  # left by a daemon killed -9
     (tmp_path / "runtime.json").write_text("{torn")  # a file being replaced: the next rule
     assert daemon_url(str(tmp_path), "ws://h:1/ws", None, None) == "ws://h:1/ws"
 
