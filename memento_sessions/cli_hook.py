@@ -62,6 +62,8 @@ Put it in Claude Code's hook settings (.claude/settings.json) for the events you
 README has the block to paste. Environment: MEMENTO_TOKEN (the agent's token), MEMENTO_DATA_DIR (the
 daemon's data dir: its spool and runtime.json). The daemon: the port in the data dir's runtime.json (a
 running daemon writes it), else MEMENTO_URL (ws://host:port/ws), else MEMENTO_HOST / MEMENTO_PORT.
+MEMENTO_HOOK_SPOOL_MAX_BYTES (default 32 MiB) caps what waits in the spool: past it the oldest inputs are
+dropped, counted in hook-spool/dropped and said once on stderr.
 """
 
 
