@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import time
@@ -157,6 +159,33 @@ def test_the_embedded_postgres_changes_nothing_outside_its_directory(tmp_path: P
         server.stop()
     assert {path: path.stat().st_mode for path in (tmp_path, home)} == before
     assert home.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs Postgres as another user (`pgserver`)")
+def test_as_root_postgres_installed_in_a_private_home_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repository (and so pgserver's binaries) in root's 0700 home: `pgserver` cannot execute them there."""
+    from memento_sessions.embedded import postgres
+
+    home = tmp_path / "root-home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    site = home / "app" / ".venv" / "site-packages"  # the wheel's layout: the binaries' rpath leads to its libs
+    private_install = site / "pgserver" / "pginstall"
+    shutil.copytree(postgres._bin_dir().parent, private_install, symlinks=True)
+    shutil.copytree(postgres._bin_dir().parent.parent.parent / "pgserver.libs", site / "pgserver.libs")
+    monkeypatch.setattr(postgres, "_bin_dir", lambda: private_install / "bin")
+    before = {path: path.stat().st_mode for path in (tmp_path, home, private_install)}
+    server = postgres.EmbeddedPostgres(home / "app" / "data" / "postgres")
+    server.start()
+    try:
+        assert anyio.run(fetch, server.url, "SELECT 1") == 1
+        assert server.proc is not None
+        running = Path(f"/proc/{server.proc.pid}/exe").resolve()
+        assert not running.is_relative_to(home), running
+        assert running.stat().st_uid == 0 and running.parent.stat().st_mode & 0o777 == 0o755
+    finally:
+        server.stop()
+    assert {path: path.stat().st_mode for path in (tmp_path, home, private_install)} == before
 
 
 def test_a_cluster_made_with_trust_authentication_gets_a_password(tmp_path: Path) -> None:
