@@ -10,7 +10,7 @@ WORKDIR /src
 # The metadata first, so a code change does not reinstall every dependency.
 COPY pyproject.toml README.md constraints.txt ./
 COPY memento_sessions ./memento_sessions
-RUN /opt/memento/bin/pip install . -c constraints.txt
+RUN /opt/memento/bin/pip install ".[server]" -c constraints.txt
 
 FROM python:3.11.9-slim
 # libgomp1: the FalkorDB module of the embedded server needs it (only used without MEMENTO_REDIS_URL).

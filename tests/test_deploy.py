@@ -596,5 +596,6 @@ def test_the_suite_runs_on_the_pinned_versions_and_the_image_installs_them() -> 
     installed = {name: importlib.metadata.version(name) for name, _ in pins}
     assert installed == dict(pins)  # scripts/bootstrap installed exactly these
     assert "uvicorn" in installed and "redis" in installed
-    assert any(line.startswith("RUN ") and "pip install . -c constraints.txt" in line for line in dockerfile_lines())
+    install = 'pip install ".[server]" -c constraints.txt'  # the daemon's extra, at the pinned versions
+    assert any(line.startswith("RUN ") and install in line for line in dockerfile_lines())
     assert "constraints.txt" in next(line for line in dockerfile_lines() if line.startswith("COPY pyproject.toml"))
