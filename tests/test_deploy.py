@@ -458,6 +458,20 @@ def test_cluster_values_chart() -> None:
     assert json.loads(dashboard["data"]["memento-sessions.json"]) == json.loads(DASHBOARD.read_text())
 
 
+def test_the_charts_prometheus_rule_is_the_alert_rules_for_its_own_job(tmp_path: Path) -> None:
+    rendered = render("-f", str(CI_VALUES))
+    rule = rendered["PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    service = rendered["Service"]["metadata"]["name"]  # a ServiceMonitor's scrape job is named after it
+    shipped = (PROMETHEUS / "alerts.yml").read_text().replace('job="memento-sessions"', f'job="{service}"')
+    assert rule["spec"]["groups"] == yaml_module().safe_load(shipped)["groups"]
+    assert f'up{{job="{service}"}} == 0' in [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    rules_file = tmp_path / "rules.yml"
+    rules_file.write_text(yaml_module().safe_dump({"groups": rule["spec"]["groups"]}))
+    done = promtool("check", "rules", str(rules_file))
+    assert done.returncode == 0 and f"{len(ALERTS)} rules found" in done.stdout, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("--set", "redis.cluster.enabled=true", "--set", "redis.cluster.nodes[0]=r:6379", "--set", "falkordb.url="),
      "redis.cluster.enabled needs falkordb.url"),
