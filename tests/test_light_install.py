@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -29,10 +30,17 @@ LIGHT_BUDGET_MB = 100  # the full install is ~500 MB (FalkorDB's and PostgreSQL'
 def light_venv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A new virtualenv with `pip install <this repository>` at the pinned versions, from the package index
     (and pip's cache) as scripts/bootstrap installs: about 20 s."""
-    venv = tmp_path_factory.mktemp("light") / "venv"
+    base = tmp_path_factory.mktemp("light")
+    source = base / "source"  # a copy: building in the checkout would leave build/ and egg-info there
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    shutil.copytree(ROOT / "memento_sessions", source / "memento_sessions",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                           "--disable-pip-version-check", str(ROOT), "-c", str(ROOT / "constraints.txt")],
+                           "--disable-pip-version-check", str(source), "-c", str(ROOT / "constraints.txt")],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     yield venv
