@@ -95,9 +95,13 @@ _GONE = frozenset({"ClientDisconnect", "ClosedResourceError", "BrokenResourceErr
 
 
 def _is_client_gone(exc: BaseException) -> bool:
+    """`exc` (or every exception of a group) is a client gone, or was raised while handling one (starlette's
+    "Unexpected ASGI message ... after response already completed" as it tries to answer a vanished client)."""
     if isinstance(exc, BaseExceptionGroup):
         return all(_is_client_gone(inner) for inner in exc.exceptions)
-    return any(cls.__name__ in _GONE for cls in type(exc).__mro__)
+    if any(cls.__name__ in _GONE for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and exc.__context__ is not None and _is_client_gone(exc.__context__)
 
 
 def _client_gone(record: logging.LogRecord) -> bool:

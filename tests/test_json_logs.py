@@ -147,8 +147,20 @@ def gone_group() -> BaseExceptionGroup[Exception]:
         return BaseExceptionGroup("unhandled errors in a TaskGroup", [reset, BrokenPipeError(32, "Broken pipe")])
 
 
-@pytest.mark.parametrize("exc", [ConnectionResetError("Connection reset by peer"), gone_group()],
-                         ids=["reset", "group"])
+def answered_a_gone_client() -> RuntimeError:
+    """What starlette raises when it tries to answer after the client went away (the cause chained)."""
+    try:
+        try:
+            raise ConnectionResetError("Connection reset by peer")
+        except ConnectionResetError:
+            raise RuntimeError("Unexpected ASGI message 'http.response.start' sent, after response already "
+                               "completed.") from None
+    except RuntimeError as exc:
+        return exc
+
+
+@pytest.mark.parametrize("exc", [ConnectionResetError("Connection reset by peer"), gone_group(),
+                                 answered_a_gone_client()], ids=["reset", "group", "answer-after-gone"])
 def test_a_client_that_goes_away_is_one_debug_line(exc: BaseException, capsys: pytest.CaptureFixture[str]) -> None:
     """What uvicorn logs when an ASGI app raises because its client dropped (an MCP client right after connecting)."""
     for level in ("info", "debug"):
