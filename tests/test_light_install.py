@@ -126,8 +126,8 @@ async def test_the_light_installs_hook_and_client_work_against_a_daemon(
     assert any(event["changeInfo"]["entityIds"] == ["file:src/a.py"] for event in stored if event["type"] == "modified")
 
 
-@pytest.mark.parametrize("argv", [["client"], ["--help"], ["session", "--help"], ["token", "--agent", "a"],
-                                  ["hook"], ["ingest", "--help"]])
+@pytest.mark.parametrize("argv", [["client"], ["--help"], ["session", "--help"], ["session", "list"],
+                                  ["token", "--agent", "a"], ["hook"], ["ingest", "--help"], ["ingest", "/dev/null"]])
 def test_the_client_cli_and_hook_import_none_of_the_daemons_packages(argv: list[str], tmp_path: Path) -> None:
     """In the full install too: the agent-side modules import the server's packages only in the daemon's commands."""
     script = """
@@ -144,7 +144,8 @@ else:
             pass
 print(",".join(sorted(m for m in sys.modules)))
 """
-    env = {**os.environ, "MEMENTO_DATA_DIR": str(tmp_path), "MEMENTO_AUTH_SECRET": "x" * 40}
+    env = {**os.environ, "MEMENTO_DATA_DIR": str(tmp_path), "MEMENTO_AUTH_SECRET": "x" * 40,
+           "MEMENTO_URL": "ws://127.0.0.1:1/ws", "MEMENTO_PORT": "1"}  # no daemon: the commands run as far as they can
     done = subprocess.run([sys.executable, "-c", script, *argv], input=b"{}", capture_output=True, env=env,
                           timeout=60, check=True)
     loaded = {name.partition(".")[0] for name in done.stdout.decode().strip().split(",")}
