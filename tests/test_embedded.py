@@ -188,6 +188,24 @@ def test_as_root_postgres_installed_in_a_private_home_starts(tmp_path: Path, mon
     assert {path: path.stat().st_mode for path in (tmp_path, home, private_install)} == before
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs Postgres as another user (`pgserver`)")
+def test_as_root_an_install_that_cannot_be_shared_is_one_clear_error(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from memento_sessions.embedded import postgres
+    from memento_sessions.errors import EmbeddedStartError
+
+    home = tmp_path / "root-home"
+    home.mkdir(mode=0o700)
+    private_bin = home / "site-packages" / "pgserver" / "pginstall" / "bin"
+    private_bin.mkdir(parents=True)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(postgres, "_bin_dir", lambda: private_bin)
+    monkeypatch.setattr(postgres, "SHARED_INSTALLS", tmp_path / "a-file" / "shared")  # cannot be made
+    with pytest.raises(EmbeddedStartError, match="MEMENTO_POSTGRES_DSN") as raised:
+        postgres.EmbeddedPostgres(home / "data" / "postgres")
+    assert "'pgserver'" in str(raised.value) and str(private_bin.parent) in str(raised.value)
+
+
 def test_a_cluster_made_with_trust_authentication_gets_a_password(tmp_path: Path) -> None:
     """A data dir from an older version (initdb --auth=trust) is locked down at its next start."""
     from memento_sessions.embedded.postgres import EmbeddedPostgres

@@ -69,7 +69,13 @@ def reachable_bin_dir(bin_dir: Path) -> Path:
     shared = SHARED_INSTALLS / f"pgserver-{version}"
     shared_bin = shared / "pgserver" / install.name / "bin"
     if not (shared_bin / "postgres").is_file():
-        _copy_install(install, shared)
+        try:
+            _copy_install(install, shared)
+        except OSError as exc:
+            raise EmbeddedStartError(
+                f"as root, Postgres runs as the system user {_SYSTEM_USER!r}, which cannot reach {install}; "
+                f"copying it to {shared} failed ({exc}): make {SHARED_INSTALLS} writable, install "
+                "memento-sessions where other users can read it, or set MEMENTO_POSTGRES_DSN") from None
     return shared_bin
 
 
