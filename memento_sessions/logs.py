@@ -56,7 +56,7 @@ def _route_library_logs(renderer: structlog.typing.Processor, timestamper: struc
     handler = logging.StreamHandler(_Stderr())
     handler.set_name(_HANDLER)
     handler.setFormatter(formatter)
-    handler.addFilter(_client_gone)  # the MCP SDK's loggers: a record seen here is one of theirs or uvicorn's
+    handler.addFilter(_client_gone)  # for the MCP SDK's loggers, which carry no filter of ours
     root = logging.getLogger()
     for old in [old for old in root.handlers if old.get_name() == _HANDLER]:
         root.removeHandler(old)
