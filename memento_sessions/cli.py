@@ -205,6 +205,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataDirLocked) as exc:
         print(f"memento-sessions: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a daemon command on the light install: name the extra it needs
+        from memento_sessions.extras import missing_extra
+
+        if (line := missing_extra(exc)) is None:
+            raise
+        print(f"memento-sessions: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except MementoError as exc:
