@@ -10,6 +10,7 @@ replaces the graph version that lease grants check their coverage against.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
@@ -36,8 +37,25 @@ from memento_sessions.sessions.storable import value_problem
 
 log = get_logger(__name__)
 RoleName = Annotated[str, StringConstraints(pattern=ROLE.pattern)]
-Recipient = Annotated[str, StringConstraints(pattern=r"^(role:[A-Za-z0-9._-]{1,64}|session:[A-Za-z0-9._:-]{1,128}|"
-                                             r"[A-Za-z0-9._:-]{1,128})$")]
+AGENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def check_recipient(value: str) -> str:
+    """`role:<name>`, `session:<id>` or an agent id. What starts `role:` or `session:` is always read as one, so
+    `role:`, `role:a:b` or a role name over 64 characters is an error, never an agent of that odd name."""
+    kind, colon, name = value.partition(":")
+    if colon and kind == "role":
+        if not ROLE.fullmatch(name):
+            raise ValueError("role:<name> needs a name of [A-Za-z0-9._-], 1..64 characters")
+    elif colon and kind == "session":
+        if not AGENT.fullmatch(name):
+            raise ValueError("session:<id> needs an id of [A-Za-z0-9._:-], 1..128 characters")
+    elif not AGENT.fullmatch(value):
+        raise ValueError("an agent id is [A-Za-z0-9._:-], 1..128 characters")
+    return value
+
+
+Recipient = Annotated[str, AfterValidator(check_recipient)]
 
 
 def check_body(value: JsonValue) -> JsonValue:

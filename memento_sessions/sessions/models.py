@@ -9,7 +9,16 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import pydantic_core
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 from memento_sessions.sessions.storable import (
     MAX_MAGNITUDE,
@@ -26,6 +35,17 @@ EventType = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$
 ShortText = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
 Number = Annotated[float, AfterValidator(check_number)]  # finite, |x| <= 1e12: FalkorDB and JSONB store it
 Seq = Annotated[int, Field(ge=0, le=int(MAX_MAGNITUDE))]  # a seq a client names (since, atSeq): never over 1e12
+
+
+def iso_text(value: Any) -> Any:
+    """A timestamp arrives as ISO-8601 text (or a datetime from Python): never a number read as epoch seconds."""
+    if not isinstance(value, str | datetime):
+        raise ValueError("must be an ISO-8601 string")
+    return value
+
+
+# Strict mode takes no text for a datetime, so this one field parses its text itself (and nothing else).
+Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(iso_text)]
 State = Literal["working", "broken"]
 SessionState = Literal["working", "broken", "coordinating", "completed"]
 
@@ -37,9 +57,9 @@ STATE_OF_TYPE = {"broke": "broken", "test_pass": "working"}  # the state an even
 
 
 class Strict(BaseModel):
-    """Unknown fields are errors, so a typo never passes silently."""
+    """Unknown fields are errors, so a typo never passes silently; JSON types are taken as sent (no `"5"` -> 5)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, strict=True)
 
 
 class ChangeInfo(Strict):
@@ -81,7 +101,7 @@ class EventIn(Strict):
 
     id: ClientId | None = None
     type: EventType
-    timestamp: AwareDatetime | None = None
+    timestamp: Timestamp | None = None
     actor: ClientId | None = None
     changeInfo: ChangeInfo | None = None
     stateTransition: StateTransition | None = None
