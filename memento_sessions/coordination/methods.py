@@ -32,7 +32,7 @@ from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
 from memento_sessions.rpc import Call, Method, Registry, Result
 from memento_sessions.sessions.methods import Params, SessionParams
-from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId, EventIn, Seq, ShortText
+from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId, EventIn, Seq, ShortText, client_id
 from memento_sessions.sessions.storable import value_problem
 
 log = get_logger(__name__)
@@ -106,7 +106,7 @@ class SendParams(Params):
     subject: ShortText | None = None
     body: Annotated[JsonValue, AfterValidator(check_body)]
     ttl: int | None = Field(default=None, ge=60, le=30 * 86400)
-    id: ClientId | None = None
+    id: Annotated[ClientId, AfterValidator(client_id)] | None = None  # never one of the daemon's own alert ids
 
 
 class ReadParams(Params):

@@ -17,6 +17,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
     field_validator,
 )
 
@@ -53,6 +54,21 @@ MAX_EVENT_BYTES = 64 * 1024
 MAX_DATA_BYTES = 16 * 1024
 MAX_BATCH = 500
 KNOWN_TYPES = frozenset({"start", "modified", "broke", "test_pass", "checkpoint", "handoff"})
+# The daemon's own records and alerts: event types only it emits, and the prefix of its ids (a conflict alert is
+# `conflict:<sessionId>:<seq>:<leaseId>` in a mailbox, `conflict-<seq>` in a session). A client's event or message
+# may use neither, so no agent can pre-empt (and so suppress) an alert or forge a record the dashboard draws.
+SYSTEM_TYPES = frozenset({"conflict"})
+SYSTEM_ID_PREFIXES = ("conflict:", "conflict-")
+SYSTEM = {"system": True}  # the validation context of an event the daemon makes itself
+
+
+def client_id(value: str | None) -> str | None:
+    """An id a client may use: none of the daemon's own (SYSTEM_ID_PREFIXES)."""
+    if value is not None and value.startswith(SYSTEM_ID_PREFIXES):
+        raise ValueError(f"ids starting {' or '.join(SYSTEM_ID_PREFIXES)} are the daemon's own")
+    return value
+
+
 STATE_OF_TYPE = {"broke": "broken", "test_pass": "working"}  # the state an event type sets without a stateTransition
 
 
@@ -110,6 +126,18 @@ class EventIn(Strict):
     # The fencing token of the lease the actor holds on changeInfo.entityIds (docs/coordination.md): an
     # older one than the newest grant on one of them is refused by the emit Function (stale_lease).
     fencingToken: int | None = Field(default=None, ge=1, le=int(MAX_MAGNITUDE))
+
+    @field_validator("id")
+    @classmethod
+    def _client_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if info.context == SYSTEM else client_id(value)
+
+    @field_validator("type")
+    @classmethod
+    def _client_type(cls, value: str, info: ValidationInfo) -> str:
+        if value in SYSTEM_TYPES and info.context != SYSTEM:
+            raise ValueError(f"type {value!r} is the daemon's own")
+        return value
 
     @field_validator("data")
     @classmethod
