@@ -153,6 +153,18 @@ def mailbox_keys(ns: str, agent_id: str) -> tuple[str, str, str]:
     return f"{base}:inbox", f"{base}:messages", f"{base}:acked"
 
 
+def mail_keys(ns: str) -> tuple[str, str]:
+    """A namespace's mail records, one tag `{<ns>/mail}`: its mailboxes (zset agentId -> the unix second its
+    newest message expires) and the agents seen in it (zset agentId -> unix second last seen)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/mail}}"
+    return f"{base}:boxes", f"{base}:known"
+
+
+def mail_body(ns: str, message_id: str) -> str:
+    """STRING: one sent message's sender, subject and body, stored once however many mailboxes hold it."""
+    return f"{PREFIX}:{ns}:{{{ns}/mail}}:body:{message_id}"
+
+
 def presence_key(ns: str, session_id: str) -> str:
     """HASH `<agentId>/<daemonId>` -> the agent's connections on that daemon, last request, heartbeat."""
     return f"{PREFIX}:{ns}:{{{session_id}}}:presence"

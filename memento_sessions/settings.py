@@ -61,6 +61,9 @@ class Settings(BaseSettings):
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
+    mailboxes_max: int = Field(default=10_000, ge=1, le=10_000_000)  # agents with a mailbox, per namespace
+    mailbox_unknown_agents: bool = False  # let a send reach an agent never seen in the namespace
+    agents_known_max: int = Field(default=100_000, ge=1, le=10_000_000)  # agents a namespace remembers as seen
     auto_compact: bool = True
     compact_keep: int = Field(default=1000, ge=0, le=100_000_000)
     on_idle: Literal["expire", "suspend"] = "expire"

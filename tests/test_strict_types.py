@@ -64,6 +64,7 @@ def params_at(path: list[str | int], value: Any) -> Any:
 
 
 def cases(daemon: Daemon) -> list[tuple[str, list[str | int], Any]]:
+    assert daemon.services is not None
     return [(name, path, value) for name, method in sorted(daemon.services.registry.methods.items())
             for path, kind in typed_fields(method.params) for value in WRONG[kind]]
 

@@ -128,6 +128,7 @@ def register(registry: Registry, coord: Coordination) -> None:
         registry.add(name, params, handler, scope)
     hook(registry, coord)
     registry.on_connect.append(coord.connect)
+    registry.on_connect.append(lambda call: coord.mailbox.remember(call.identity))  # a send may reach it now
 
 
 def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]:
@@ -193,6 +194,7 @@ def hook(registry: Registry, coord: Coordination) -> None:
 def activity_hook(coord: Coordination, inner: Handler) -> Handler:
     async def handler(call: Call, params: Any) -> Result:
         await coord.seen(call)
+        await coord.mailbox.remember(call.identity)  # a dict lookup, but for an agent's first call an hour
         return await inner(call, params)
     return handler
 
