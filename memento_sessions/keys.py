@@ -133,12 +133,12 @@ def lease_keys(ns: str) -> LeaseKeys:
 
 
 def role_members(ns: str, role: str) -> str:
-    """SET of the agents that declared `role` (presence.set)."""
+    """SET of the agents whose token grants `role`."""
     return f"{coord_base(ns)}:role:{role}"
 
 
 def agent_roles(ns: str) -> str:
-    """HASH agentId -> the roles it declared, comma-separated."""
+    """HASH agentId -> the roles it declared (presence.set), comma-separated."""
     return f"{coord_base(ns)}:roles"
 
 
@@ -151,6 +151,16 @@ def mailbox_keys(ns: str, agent_id: str) -> tuple[str, str, str]:
     """An agent's mailbox: order (zset messageId -> seq), messages (hash), acked (set)."""
     base = f"{PREFIX}:{ns}:{{{ns}/agent/{agent_id}}}"
     return f"{base}:inbox", f"{base}:messages", f"{base}:acked"
+
+
+def token_roles(ns: str) -> str:
+    """SET of the roles some token seen in the namespace grants: `presence.set` cannot claim them."""
+    return f"{coord_base(ns)}:token-roles"
+
+
+def declared_members(ns: str, role: str) -> str:
+    """SET of the agents that declared `role` with presence.set (a role no token grants)."""
+    return f"{coord_base(ns)}:declared:{role}"
 
 
 def mail_keys(ns: str) -> tuple[str, str]:

@@ -113,8 +113,10 @@ class Mailbox:
     async def recipients(self, who: Identity, to: str) -> list[str]:
         """The agents `to` names: an agent id, `role:<name>` or `session:<id>` (the sender left out of the last two)."""
         kind, _, name = to.partition(":")
-        if kind == "role":
-            members = await self.store.command("SMEMBERS", keys.role_members(who.namespace, name))
+        if kind == "role":  # a role some token grants reaches its tokens' agents; any other, those that declared it
+            by_token = await self.store.command("SISMEMBER", keys.token_roles(who.namespace), name)
+            members = await self.store.command("SMEMBERS", (keys.role_members if by_token else keys.declared_members)(
+                who.namespace, name))
         elif kind == "session":
             skeys = keys.session_keys(who.namespace, name)
             if not await self.store.command("EXISTS", skeys.session):

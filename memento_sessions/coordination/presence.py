@@ -22,6 +22,7 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.store import CoordStore
+from memento_sessions.errors import Forbidden
 from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
 from memento_sessions.rpc import Call, Peer, encode_notification
@@ -254,28 +255,42 @@ class Presence:
             await self.store.command("EXPIRE", key, 7200)
 
     async def set_roles(self, who: Identity, roles: list[str]) -> Result:
-        """Declare the caller's roles (replacing those it declared before; its token's roles stay):
-        mailbox.send to `role:<name>` reaches it."""
-        namespace, agent, kept = who.namespace, who.agent_id, set(roles) | who.roles
+        """Declare the caller's roles (replacing those it declared before; its token's roles stay): mailbox.send
+        to `role:<name>` reaches it. A role some token grants is the tokens' alone: declaring it without holding
+        it is Forbidden, naming it."""
+        namespace, agent = who.namespace, who.agent_id
+        declared = [role for role in dict.fromkeys(roles) if role not in who.roles]
+        if declared:
+            granted = await self.store.command("SMISMEMBER", keys.token_roles(namespace), *declared)
+            taken = [role for role, by_token in zip(declared, granted, strict=True) if by_token]
+            if taken:
+                raise Forbidden("roles granted by tokens cannot be declared", [
+                    {"field": f"roles.{roles.index(role)}", "message": f"{role!r} is granted by tokens and this "
+                     "token does not grant it"} for role in taken])
         old = await self.store.command("HGET", keys.agent_roles(namespace), agent)
-        gone = [role for role in (old or "").split(",") if role and role not in kept]
+        gone = [role for role in (old or "").split(",") if role and role not in declared]
         await asyncio.gather(
-            *(self.store.command("SREM", keys.role_members(namespace, role), agent) for role in gone),
-            self._add_roles(namespace, agent, kept),
-            self.store.command("HSET", keys.agent_roles(namespace), agent, ",".join(roles)),
+            *(self.store.command("SREM", keys.declared_members(namespace, role), agent) for role in gone),
+            *(call for role in declared for call in (
+                self.store.command("SADD", keys.declared_members(namespace, role), agent),
+                self.store.command("EXPIRE", keys.declared_members(namespace, role), ROLE_TTL))),
+            self.store.command("HSET", keys.agent_roles(namespace), agent, ",".join(declared)),
             self.store.command("EXPIRE", keys.agent_roles(namespace), ROLE_TTL))
-        return {"agentId": agent, "roles": sorted(kept)}
+        return {"agentId": agent, "roles": sorted(set(roles) | who.roles)}
 
     async def token_roles(self, who: Identity) -> None:
-        """Make the agent a member of its token's roles; written once per process and agent (again when its
-        roles differ or ROLE_REFRESH has passed), so a connect or an MCP call costs no Redis call after that."""
+        """Make the agent a member of its token's roles, and those roles the tokens' (no presence.set claims them);
+        written once per process and agent (again when its roles differ or ROLE_REFRESH has passed), so a
+        connect or an MCP call costs no Redis call after that."""
         if not who.roles:
             return
         agent, now = (who.namespace, who.agent_id), time.monotonic()
         known = self._token_roles.get(agent)
         if known is not None and known[0] == who.roles and known[1] > now:
             return
-        await self._add_roles(who.namespace, who.agent_id, who.roles)
+        await asyncio.gather(self._add_roles(who.namespace, who.agent_id, who.roles),
+                             self.store.command("SADD", keys.token_roles(who.namespace), *sorted(who.roles)),
+                             self.store.command("EXPIRE", keys.token_roles(who.namespace), ROLE_TTL))
         if len(self._token_roles) >= MAX_REMEMBERED:
             self._token_roles.clear()
         self._token_roles[agent] = (who.roles, now + ROLE_REFRESH)
