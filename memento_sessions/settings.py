@@ -57,6 +57,7 @@ class Settings(BaseSettings):
     handshake_timeout: float = Field(default=10.0, ge=0.1, le=300.0)
     mcp_max_sessions: int = Field(default=100, ge=1, le=100_000)
     presence_idle: float = Field(default=30.0, ge=0.5, le=3600.0)
+    presence_visit: float = Field(default=300.0, ge=1.0, le=86400.0)  # present after a join/emit without staying
     lease_orphan_grace: float = Field(default=60.0, ge=1.0, le=3600.0)
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)

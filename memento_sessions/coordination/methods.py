@@ -182,6 +182,8 @@ def hook(registry: Registry, coord: Coordination) -> None:
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=True))
     for name in ("session.leave", "session.unsubscribe"):
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=False))
+    for name in ("session.join", "event.emit", "event.emitBatch"):
+        wrap(registry, name, lambda inner: visit_hook(coord, inner))
     wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
     wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
     wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
@@ -205,6 +207,20 @@ def presence_hook(coord: Coordination, inner: Handler, *, enter: bool) -> Handle
         conn = await coord.seen(call)
         if conn is not None:
             await (coord.presence.enter if enter else coord.presence.exit)(conn, params.sessionId)
+        if not enter:
+            await coord.presence.unvisit(call.identity.namespace, params.sessionId, call.identity.agent_id)
+        return result
+    return handler
+
+
+def visit_hook(coord: Coordination, inner: Handler) -> Handler:
+    """A join or emit makes its agent present in the session however it came (MCP, the hook, ingest), unless a
+    connection of it already stands there (presence.py)."""
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        conn = coord.presence.conns.get(call.peer.conn_id) if call.peer is not None else None
+        if conn is None or params.sessionId not in conn.sessions:
+            await coord.presence.visit(call.identity.namespace, params.sessionId, call.identity.agent_id)
         return result
     return handler
 
