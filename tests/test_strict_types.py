@@ -106,3 +106,29 @@ async def test_a_malformed_recipient_is_refused_naming_to_not_sent_to_nobody(dae
         error = await a.error("mailbox.send", {"to": to, "body": 1})
         assert error["code"] == -32602
         assert [item["field"] for item in error["data"]] == ["to"] and why in error["data"][0]["message"]
+
+
+def schema_kinds(prop: dict[str, Any]) -> set[str]:
+    """The JSON types a tool's inputSchema property allows."""
+    return {str(item.get("type")) for item in prop.get("anyOf", [prop])}
+
+
+async def test_every_integer_and_boolean_argument_of_every_mcp_tool_refuses_the_wrong_json_type(
+        daemon: Daemon, namespace: str) -> None:
+    from tests.test_mcp import over_http
+
+    coerced: list[str] = []
+    tried = 0
+    async with over_http(daemon.port, token("m", namespace, ALL_SCOPES)) as mcp:
+        for tool in (await mcp.list_tools()).tools:
+            for name, prop in tool.input_schema.get("properties", {}).items():
+                kinds = schema_kinds(prop)
+                wrong = WRONG[int] if "integer" in kinds else WRONG[bool] if "boolean" in kinds else []
+                for value in wrong[:2]:
+                    tried += 1
+                    reply = await mcp.call_tool(tool.name, {name: value})
+                    text = str(reply.content)
+                    if not (reply.is_error and "invalid params (-32602)" in text and f"{name}:" in text):
+                        coerced.append(f"{tool.name} {name}={value!r}: {text[:160]}")
+    assert tried >= 30, tried
+    assert coerced == [], f"{len(coerced)} of {tried} coerced:\n" + "\n".join(coerced)

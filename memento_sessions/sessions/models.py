@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictInt,
     StringConstraints,
     ValidationInfo,
     field_validator,
@@ -35,7 +36,8 @@ EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), After
 EventType = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
 ShortText = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
 Number = Annotated[float, AfterValidator(check_number)]  # finite, |x| <= 1e12: FalkorDB and JSONB store it
-Seq = Annotated[int, Field(ge=0, le=int(MAX_MAGNITUDE))]  # a seq a client names (since, atSeq): never over 1e12
+# A seq a client names (since, atSeq): never over 1e12, and strict wherever it is used (MCP tools too)
+Seq = Annotated[StrictInt, Field(ge=0, le=int(MAX_MAGNITUDE))]
 
 
 def iso_text(value: Any) -> Any:
