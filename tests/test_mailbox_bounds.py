@@ -32,7 +32,7 @@ async def stored_bytes(backends: Backends, namespace: str) -> int:
 async def test_a_send_to_a_1000_member_role_stores_its_body_once(daemon: Daemon, backends: Backends,
                                                                  namespace: str) -> None:
     members = [f"m{i:04d}" for i in range(MEMBERS)]
-    await backends.redis.sadd(keys.role_members(namespace, "crowd"), *members)  # as 1,000 presence.set calls would
+    await backends.redis.sadd(keys.declared_members(namespace, "crowd"), *members)  # as 1,000 presence.set calls would
     body = {"text": "x" * 16_000}
     async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("m0001", namespace)) as live:
         sent = await a.call("mailbox.send", {"to": "role:crowd", "subject": "all", "body": body, "id": "big"})
