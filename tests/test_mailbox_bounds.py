@@ -86,13 +86,15 @@ async def test_a_send_to_an_agent_never_seen_is_refused_unless_the_operator_allo
         assert (await a.call("mailbox.send", {"to": "ghost-0", "body": 0}))["recipients"] == ["ghost-0"]
 
 
-async def test_a_message_id_another_sender_used_is_refused_not_reported_sent(daemon: Daemon,
+async def test_a_message_id_another_sender_used_is_refused_not_reported_sent(daemon: Daemon, backends: Backends,
                                                                              namespace: str) -> None:
     async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b, \
             rpc(daemon.port, token("c", namespace)) as c:
         assert (await a.call("mailbox.send", {"to": "c", "body": "from a", "id": "m1"}))["recipients"] == ["c"]
         error = await b.error("mailbox.send", {"to": "c", "body": "from b", "id": "m1"})
         assert error["code"] == -32009 and error["data"] == {"reason": "id_taken", "messageId": "m1"}
-        assert (await a.call("mailbox.send", {"to": "c", "body": "from a", "id": "m1"}))["recipients"] == ["c"]
+        again = {"to": "c", "body": "from a", "id": "m1", "ttl": 2 * 86400}  # a retry with a longer ttl
+        assert (await a.call("mailbox.send", again))["recipients"] == ["c"]
+        assert await backends.redis.ttl(keys.mail_body(namespace, "m1")) > 2 * 86400 - 5  # the body lasts as long
         inbox = (await c.call("mailbox.read", {}))["messages"]
         assert [(m["messageId"], m["from"], m["body"]) for m in inbox] == [("m1", "a", "from a")]

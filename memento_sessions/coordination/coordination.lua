@@ -243,7 +243,11 @@ local function post(keys, args)
   end
   for i = 7, #args do redis.call('ZADD', keys[2], 'GT', ends, args[i]) end
   if redis.call('EXPIRETIME', keys[2]) < ends + SLACK then redis.call('EXPIREAT', keys[2], ends + SLACK) end
-  if not held then redis.call('SET', keys[1], args[2], 'EXAT', ends + SLACK) end
+  if held then -- a retry: its body lasts as long as its longest copy (a retry may give a longer ttl)
+    redis.call('EXPIREAT', keys[1], ends + SLACK, 'GT')
+  else
+    redis.call('SET', keys[1], args[2], 'EXAT', ends + SLACK)
+  end
   return 'OK'
 end
 
