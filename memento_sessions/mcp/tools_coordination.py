@@ -123,7 +123,9 @@ class CoordinationTools:
     async def who_is_here(self, sessionId: SessionId) -> Here:
         """See which agents are in a session right now before you start work in it: each agent's id, whether
         it is 'active' (made a request lately) or 'idle', when it was last seen and how many connections it
-        has. An agent whose connections all closed or whose daemon died is not listed."""
+        has (0 for an agent working through these tools, the hook or ingest: it is listed for a while after it
+        joined or emitted there, until it leaves). An agent whose connections all closed or whose daemon died is
+        not listed."""
         return cast(Here, await self.call("presence.get", {"sessionId": sessionId}))
 
     async def acquire_lease(self, entityIds: EntityIds, ttl: LeaseTtl, mode: Mode = "exclusive",
