@@ -35,6 +35,7 @@ Result = dict[str, Any]
 MAX_RECIPIENTS = 1000  # agents one role or session send reaches at most
 KNOWN_KEEP = 30 * 86400  # seconds an agent counts as seen after its last request (the longest message ttl)
 KNOWN_REFRESH = 3600.0  # seconds between two writes of one agent's last-seen time by one daemon
+KNOWN_RETRY = 5.0  # seconds before a write that Redis refused is tried again
 MAX_REMEMBERED = 100_000  # agents one daemon remembers as written (cleared past it)
 STORED, DUPLICATES = MAILBOX_MESSAGES.labels("stored"), MAILBOX_MESSAGES.labels("duplicate")
 LIMIT, TAKEN, UNKNOWN = (MAILBOX_REFUSED.labels(reason) for reason in ("mailbox_limit", "id_taken", "unknown_agent"))
@@ -174,12 +175,16 @@ class Mailbox:
             await self.store.command("ZADD", known, int(time.time()), who.agent_id)
             await self.store.command("EXPIRE", known, KNOWN_KEEP)
             await self.store.command("ZREMRANGEBYRANK", known, 0, -self.settings.agents_known_max - 1)
-        except UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:  # tried again in a few seconds, not at every request of an outage
             log.warning("agent not noted as seen: Redis unavailable", agent_id=who.agent_id, error=repr(exc))
+            self._note(agent, now + KNOWN_RETRY)
             return
+        self._note(agent, now + KNOWN_REFRESH)
+
+    def _note(self, agent: tuple[str, str], until: float) -> None:
         if len(self._known) >= MAX_REMEMBERED:
             self._known.clear()
-        self._known[agent] = now + KNOWN_REFRESH
+        self._known[agent] = until
 
     async def deliver(self, namespace: str, agent: str, message: Encoded, method: str = "mailbox.message") -> bool:
         """Store one message for one agent and push it as `method` (one Function call does both: no message is

@@ -220,7 +220,10 @@ def visit_hook(coord: Coordination, inner: Handler) -> Handler:
         result = await inner(call, params)
         conn = coord.presence.conns.get(call.peer.conn_id) if call.peer is not None else None
         if conn is None or params.sessionId not in conn.sessions:
-            await coord.presence.visit(call.identity.namespace, params.sessionId, call.identity.agent_id)
+            try:
+                await coord.presence.visit(call.identity.namespace, params.sessionId, call.identity.agent_id)
+            except UNAVAILABLE as exc:  # the write is done: its reply must not fail (the beat writes the field)
+                log.warning("presence of a visit not written yet", agent_id=call.identity.agent_id, error=repr(exc))
         return result
     return handler
 
