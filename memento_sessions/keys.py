@@ -133,12 +133,12 @@ def lease_keys(ns: str) -> LeaseKeys:
 
 
 def role_members(ns: str, role: str) -> str:
-    """SET of the agents that declared `role` (presence.set)."""
+    """SET of the agents whose token grants `role`."""
     return f"{coord_base(ns)}:role:{role}"
 
 
 def agent_roles(ns: str) -> str:
-    """HASH agentId -> the roles it declared, comma-separated."""
+    """HASH agentId -> the roles it declared (presence.set), comma-separated."""
     return f"{coord_base(ns)}:roles"
 
 
@@ -151,6 +151,28 @@ def mailbox_keys(ns: str, agent_id: str) -> tuple[str, str, str]:
     """An agent's mailbox: order (zset messageId -> seq), messages (hash), acked (set)."""
     base = f"{PREFIX}:{ns}:{{{ns}/agent/{agent_id}}}"
     return f"{base}:inbox", f"{base}:messages", f"{base}:acked"
+
+
+def token_roles(ns: str) -> str:
+    """SET of the roles some token seen in the namespace grants: `presence.set` cannot claim them."""
+    return f"{coord_base(ns)}:token-roles"
+
+
+def declared_members(ns: str, role: str) -> str:
+    """SET of the agents that declared `role` with presence.set (a role no token grants)."""
+    return f"{coord_base(ns)}:declared:{role}"
+
+
+def mail_keys(ns: str) -> tuple[str, str]:
+    """A namespace's mail records, one tag `{<ns>/mail}`: its mailboxes (zset agentId -> the unix second its
+    newest message expires) and the agents seen in it (zset agentId -> unix second last seen)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/mail}}"
+    return f"{base}:boxes", f"{base}:known"
+
+
+def mail_body(ns: str, message_id: str) -> str:
+    """STRING: one sent message's sender, subject and body, stored once however many mailboxes hold it."""
+    return f"{PREFIX}:{ns}:{{{ns}/mail}}:body:{message_id}"
 
 
 def presence_key(ns: str, session_id: str) -> str:

@@ -171,7 +171,8 @@ end
 -- Mailbox KEYS = {order (zset messageId -> per-agent seq), messages (hash messageId -> message JSON, field
 -- '#' the agent's seq counter, field '@' the unix second its keys are kept until), acked (set of messageIds)}.
 -- ARGV: message_id, message_json_tail (the JSON after its opening `{"seq":N,`), max, until (the unix second
--- the message expires), channel, method.
+-- the message expires), channel, method, and optionally push_json_tail: what is pushed when it differs from
+-- what is stored (a send's copy holds a reference to its body, stored once by mc_post; the push carries it).
 -- A new message is also PUBLISHed on the agent's channel as a `method` notification (store and push in one
 -- call). Returns {seq, duplicate (0/1), dropped}. The usual send is four commands: the dedupe, counter and
 -- keep-until reads in one HMGET, one HSET, the PUBLISH and the ZADD; the keys' expiry is pushed out only
@@ -208,12 +209,46 @@ local function send(keys, args)
   local seq = tonumber(state[2] or '0') + 1
   local message = '{"seq":' .. seq .. ',' .. args[2]
   redis.call('HSET', keys[2], '#', seq, id, message)
-  redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. message .. '}')
+  local pushed = args[7] and ('{"seq":' .. seq .. ',' .. args[7]) or message
+  redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. pushed .. '}')
   redis.call('ZADD', keys[1], seq, id)
   local dropped = 0
   if seq > max then dropped = trim(keys, max) end -- at most seq messages were ever stored
   if tonumber(state[3] or '0') < expires then redis.call('HSET', keys[2], '@', keep_mailbox(keys, expires)) end
   return {seq, 0, dropped}
+end
+
+-- A send's one record before its copies. KEYS = {body, boxes (zset agentId -> until), known (zset agentId -> seen)};
+-- ARGV: sender, content (the body's JSON, starting `{"from":"<sender>"`), until, mailboxes_max, now (unix
+-- seconds), check_known (1: every agent must be in known), then the recipients. Claims the message id for its
+-- sender (a retry by the same sender goes on; another sender's id is `TAKEN`), refuses an agent never seen
+-- (`UNKNOWN <agent>`) and a send that would give the namespace more than mailboxes_max mailboxes (FULL), then
+-- registers the mailboxes and stores the content once, until the message expires. Writes nothing if refused.
+local function post(keys, args)
+  local sender, ends, max, now = args[1], tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
+  local held = redis.call('GET', keys[1])
+  if held and string.match(held, '^{"from":"([^"]*)"') ~= sender then return 'TAKEN' end
+  if args[6] == '1' then
+    for i = 7, #args do
+      if not redis.call('ZSCORE', keys[3], args[i]) then return 'UNKNOWN ' .. args[i] end
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now)
+  local new = 0
+  for i = 7, #args do
+    if not redis.call('ZSCORE', keys[2], args[i]) then new = new + 1 end
+  end
+  if new > 0 and redis.call('ZCARD', keys[2]) + new > max then
+    return redis.error_reply('FULL mailbox_limit ' .. max .. ' mailboxes in the namespace (MEMENTO_MAILBOXES_MAX)')
+  end
+  for i = 7, #args do redis.call('ZADD', keys[2], 'GT', ends, args[i]) end
+  if redis.call('EXPIRETIME', keys[2]) < ends + SLACK then redis.call('EXPIREAT', keys[2], ends + SLACK) end
+  if held then -- a retry: its body lasts as long as its longest copy (a retry may give a longer ttl)
+    redis.call('EXPIREAT', keys[1], ends + SLACK, 'GT')
+  else
+    redis.call('SET', keys[1], args[2], 'EXAT', ends + SLACK)
+  end
+  return 'OK'
 end
 
 -- ARGV: message ids. Marks those still stored as read; returns how many. The acked set may be new (a trim
@@ -257,6 +292,6 @@ end
 
 -- One table, one loop (the load-time sandbox has no pairs/ipairs: a numeric for it is).
 local FUNCTIONS = {{'mc_acquire', acquire}, {'mc_renew', renew}, {'mc_release', release}, {'mc_reap', reap},
-                   {'mc_send', send}, {'mc_ack', ack}, {'mc_fence_sync', fence_sync},
+                   {'mc_send', send}, {'mc_ack', ack}, {'mc_post', post}, {'mc_fence_sync', fence_sync},
                    {'mc_graph_changed', graph_changed}}
 for i = 1, #FUNCTIONS do redis.register_function(FUNCTIONS[i][1], FUNCTIONS[i][2]) end
