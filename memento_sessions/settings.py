@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     presence_idle: float = Field(default=30.0, ge=0.5, le=3600.0)
     lease_orphan_grace: float = Field(default=60.0, ge=1.0, le=3600.0)
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
+    lease_max_covered: int = Field(default=4096, ge=1, le=100_000)
+    lease_max_holds: int = Field(default=100, ge=1, le=100_000)
+    lease_reply_max: int = Field(default=256, ge=1, le=100_000)
+    lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
     auto_compact: bool = True
