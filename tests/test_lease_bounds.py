@@ -116,6 +116,19 @@ async def test_an_expired_hold_neither_conflicts_nor_counts_before_the_reaper_ru
         assert [h["heldBy"] for h in await leases.holds(namespace, ["x"])] == ["b"]
 
 
+async def test_an_exclusive_acquire_steps_over_the_callers_own_holds_to_find_anothers(
+        backends: Backends, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    async with direct(backends, backend_urls, tmp_path) as leases:
+        a, b = who("a", namespace), who("b", namespace)
+        theirs = await leases.acquire(b, ["x"], 60, "shared")  # ends first: read after a's 70 holds
+        for _ in range(70):
+            await leases.acquire(a, ["x", "y"], 600, "shared")
+        refused = await leases.acquire(a, ["x", "y"], 60, "exclusive")
+        assert refused["granted"] is False and refused["conflicts"] == [
+            {"entityId": "x", "heldBy": "b", "leaseId": theirs["leaseId"], "mode": "shared"}]
+        assert (await leases.acquire(a, ["y"], 60, "exclusive"))["granted"] is True
+
+
 async def test_renew_moves_every_hold_and_release_removes_them(
         backends: Backends, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
     lkeys = keys.lease_keys(namespace)

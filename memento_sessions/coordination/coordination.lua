@@ -20,7 +20,8 @@
 local COUNTER = '\1tokens' -- entity ids hold no control characters, so no entity is this field
 local GRAPH = '\1graph' -- the fence hash's field of the namespace's graph version (coverage.py)
 local KEEP = 7200 -- seconds a coordination key outlives its last write: the longest lease (3600) plus grace
-local SCAN = 16 -- holds read per step while skipping the caller's own
+local SCAN = 16 -- leases or agents the reaper reads per step
+local FIRST, NEXT = 4, 64 -- holds read by the first step of a conflict check (usually enough), then by each next
 local REAP_BUDGET = 20000 -- holds one reap call removes at most; the reaper calls again while it says `more`
 local PAIRS = 11 -- mc_acquire's first ARGV of its (entity, via) pairs
 local FENCE_CHUNK = 1000 -- fields of the fence hash one HSET writes (unpack's limit is far above)
@@ -84,9 +85,9 @@ end
 -- conflicts while it has fewer than `room`. Returns whether there is any, and whether one was left out.
 -- Only the agent's own holds are stepped over: the work does not grow with other agents' holds.
 local function others(key, mode, agent, now, entity, via, found, room)
-  local offset, any = 0, false
+  local offset, any, step = 0, false, FIRST
   while true do
-    local batch = redis.call('ZRANGE', key, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', offset, SCAN)
+    local batch = redis.call('ZRANGE', key, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', offset, step)
     for _, member in ipairs(batch) do
       local holder, lease_id, held_via = string.match(member, '^([^/]*)/([^/]*)/(.*)$')
       if holder ~= agent then
@@ -97,8 +98,8 @@ local function others(key, mode, agent, now, entity, via, found, room)
         table.insert(found, conflict)
       end
     end
-    if #batch < SCAN then return any, false end
-    offset = offset + SCAN
+    if #batch < step then return any, false end
+    offset, step = offset + step, NEXT
   end
 end
 
