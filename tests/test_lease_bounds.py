@@ -145,7 +145,7 @@ async def test_renew_moves_every_hold_and_release_removes_them(
         await leases.release(a, lease["leaseId"])
         await leases.release(a, mine["leaseId"])
         assert await backends.redis.exists(lkeys.hold("exclusive", "x"), lkeys.hold("exclusive", "y"),
-                                           lkeys.hold("shared", "y"), lkeys.covered) == 0
+                                           lkeys.hold("shared", "y"), lkeys.covered, lkeys.counts, lkeys.xcounts) == 0
         assert (await leases.acquire(b, ["x", "y"], 60, "exclusive"))["fencingToken"] > lease["fencingToken"]
 
 
@@ -163,6 +163,7 @@ async def test_the_reaper_ends_many_expired_holds_in_bounded_calls(
         await leases._reap_namespace(namespace, 60_000)
         assert await backends.redis.hlen(lkeys.leases) == 0
         assert await backends.redis.exists(*(lkeys.hold("shared", e) for e in entities[:500])) == 0
+        assert await backends.redis.exists(lkeys.counts, lkeys.covered) == 0
 
 
 async def test_a_lease_covering_more_than_max_covered_is_refused_and_writes_nothing(

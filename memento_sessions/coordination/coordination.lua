@@ -12,10 +12,14 @@
 --               newest exclusive token, field COUNTER the namespace's token counter), byagent (zset of
 --               `<agentId>/<leaseId>`, all scored 0: an agent's leases are one ZRANGEBYLEX; agent ids hold no
 --               '/'), alive (zset agentId -> last seen ms), covered (hash leaseId -> JSON [[entityId, via]...]
---               of everything the lease holds)}.
--- The hold zsets share the namespace's hash tag (built from KEYS[2], so in the call's slot). A grant reads and
--- writes each covered entity's zsets by score range: its work per entity does not grow with the number of
--- other agents' holds on it (only with the caller's own, which MEMENTO_LEASE_MAX_HOLDS bounds).
+--               of everything the lease holds), counts (hash entityId -> its holds not yet removed, either mode),
+--               xcounts (hash entityId -> its exclusive holds not yet removed)}.
+-- The hold zsets share the namespace's hash tag (built from KEYS[2], so in the call's slot). A grant reads the
+-- counts of all its entities in a few HMGETs; a count is never below the entity's live holds (an expired hold
+-- counts until the reaper removes it), so a zero skips that entity's zsets, and only an entity with exclusive
+-- holds (or, for an exclusive grant, any), or at the cap, has them read by score range. So a grant's work per
+-- entity does not grow with other agents' holds on it (only with the caller's own, which
+-- MEMENTO_LEASE_MAX_HOLDS bounds).
 
 local COUNTER = '\1tokens' -- entity ids hold no control characters, so no entity is this field
 local GRAPH = '\1graph' -- the fence hash's field of the namespace's graph version (coverage.py)
@@ -24,7 +28,7 @@ local SCAN = 16 -- leases or agents the reaper reads per step
 local FIRST, NEXT = 4, 64 -- holds read by the first step of a conflict check (usually enough), then by each next
 local REAP_BUDGET = 20000 -- holds one reap call removes at most; the reaper calls again while it says `more`
 local PAIRS = 11 -- mc_acquire's first ARGV of its (entity, via) pairs
-local FENCE_CHUNK = 1000 -- fields of the fence hash one HSET writes (unpack's limit is far above)
+local CHUNK = 1000 -- fields one HMGET, HSET or HDEL names at most (unpack's limit is far above)
 
 local function keep(keys)
   for i = 1, #keys do
@@ -46,6 +50,40 @@ end
 
 local function hold_member(agent, lease_id, via) return agent .. '/' .. lease_id .. '/' .. via end
 
+-- The numbers a counts hash holds for `entities`, in order (0 where none).
+local function read_counts(key, entities)
+  local out = {}
+  for from = 1, #entities, CHUNK do
+    local part = {unpack(entities, from, math.min(from + CHUNK - 1, #entities))}
+    for _, value in ipairs(redis.call('HMGET', key, unpack(part))) do table.insert(out, tonumber(value) or 0) end
+  end
+  return out
+end
+
+-- Writes `counts[j] + delta` for each entity j (a count that reaches 0 is removed).
+local function add_counts(key, entities, counts, delta)
+  local sets, dels = {}, {}
+  for j, entity in ipairs(entities) do
+    local value = counts[j] + delta
+    if value > 0 then
+      table.insert(sets, entity)
+      table.insert(sets, value)
+    else
+      table.insert(dels, entity)
+    end
+    if #sets >= 2 * CHUNK then
+      redis.call('HSET', key, unpack(sets))
+      sets = {}
+    end
+    if #dels >= CHUNK then
+      redis.call('HDEL', key, unpack(dels))
+      dels = {}
+    end
+  end
+  if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
+  if #dels > 0 then redis.call('HDEL', key, unpack(dels)) end
+end
+
 -- Removes one lease from every structure; returns how many holds it had (0 when it did not exist).
 local function drop(keys, lease_id)
   local raw = redis.call('HGET', keys[1], lease_id)
@@ -55,10 +93,13 @@ local function drop(keys, lease_id)
     return 0
   end
   local lease = cjson.decode(raw)
-  local covered = decode_list(redis.call('HGET', keys[7], lease_id))
-  for _, pair in ipairs(covered) do
+  local covered, entities = decode_list(redis.call('HGET', keys[7], lease_id)), {}
+  for j, pair in ipairs(covered) do
     redis.call('ZREM', hold_key(keys, lease.mode, pair[1]), hold_member(lease.agentId, lease_id, pair[2]))
+    entities[j] = pair[1]
   end
+  add_counts(keys[8], entities, read_counts(keys[8], entities), -1)
+  if lease.mode == 'exclusive' then add_counts(keys[9], entities, read_counts(keys[9], entities), -1) end
   redis.call('ZREM', keys[5], lease.agentId .. '/' .. lease_id)
   redis.call('HDEL', keys[1], lease_id)
   redis.call('HDEL', keys[7], lease_id)
@@ -103,64 +144,82 @@ local function others(key, mode, agent, now, entity, via, found, room)
   end
 end
 
--- A hold conflicts when another agent holds it and either side is exclusive. Returns the listed conflicts
--- (at most `room`), how many entities have one, whether any was left out, and the first entity already
--- held MEMENTO_LEASE_MAX_HOLDS times (nil when none). Each entity costs two ZCOUNTs; its holds are read
--- only when some may conflict.
-local function survey(keys, agent, mode, now, room, max_holds, args)
-  local found, conflicting, cut, full, from = {}, 0, false, nil, '(' .. now
+-- The (entity, via) pairs of mc_acquire's ARGV, each entity once.
+local function items_of(args)
+  local items, seen = {}, {}
   for i = PAIRS, #args, 2 do
-    local entity, via = args[i], args[i + 1]
-    local xkey, skey = hold_key(keys, 'exclusive', entity), hold_key(keys, 'shared', entity)
-    local xlive, slive = redis.call('ZCOUNT', xkey, from, '+inf'), redis.call('ZCOUNT', skey, from, '+inf')
-    local any, left = false, false
-    if xlive > 0 then any, left = others(xkey, 'exclusive', agent, now, entity, via, found, room) end
-    if mode == 'exclusive' and slive > 0 then
-      local any_shared, left_shared = others(skey, 'shared', agent, now, entity, via, found, room)
-      any, left = any or any_shared, left or left_shared
+    if not seen[args[i]] then
+      seen[args[i]] = true
+      table.insert(items, {args[i], args[i + 1]})
+    end
+  end
+  return items
+end
+
+-- A hold conflicts when another agent holds it and either side is exclusive. Returns the listed conflicts
+-- (at most `room`), how many entities have one, whether any was left out, the first entity already held
+-- MEMENTO_LEASE_MAX_HOLDS times (nil when none), and the entities with their two counts (for the grant).
+local function survey(keys, agent, mode, now, room, max_holds, items)
+  local entities = {}
+  for j, item in ipairs(items) do entities[j] = item[1] end
+  local totals, exclusives = read_counts(keys[8], entities), read_counts(keys[9], entities)
+  local found, conflicting, cut, full, from = {}, 0, false, nil, '(' .. now
+  for j, item in ipairs(items) do
+    local entity, via, any, left = item[1], item[2], false, false
+    if totals[j] > 0 then
+      local xkey, skey = hold_key(keys, 'exclusive', entity), hold_key(keys, 'shared', entity)
+      if exclusives[j] > 0 then any, left = others(xkey, 'exclusive', agent, now, entity, via, found, room) end
+      if mode == 'exclusive' and totals[j] > exclusives[j] then
+        local any_shared, left_shared = others(skey, 'shared', agent, now, entity, via, found, room)
+        any, left = any or any_shared, left or left_shared
+      end
+      if not full and totals[j] >= max_holds and
+         redis.call('ZCOUNT', xkey, from, '+inf') + redis.call('ZCOUNT', skey, from, '+inf') >= max_holds then
+        full = entity
+      end
     end
     if any then conflicting = conflicting + 1 end
     cut = cut or left
-    if not full and xlive + slive >= max_holds then full = entity end
   end
-  return found, conflicting, cut, full
+  return found, conflicting, cut, full, {entities, totals, exclusives}
 end
 
 -- The JSON array of the first `room` entities held through the graph, and how many more there are.
-local function covers_json(args, room)
+local function covers_json(items, room)
   local shown, omitted = {}, 0
-  for i = PAIRS, #args, 2 do
-    if args[i + 1] ~= '' then
-      if #shown < room then table.insert(shown, cjson.encode(args[i])) else omitted = omitted + 1 end
+  for _, item in ipairs(items) do
+    if item[2] ~= '' then
+      if #shown < room then table.insert(shown, cjson.encode(item[1])) else omitted = omitted + 1 end
     end
   end
   return '[' .. table.concat(shown, ',') .. ']', omitted
 end
 
--- Writes the grant: one hold per covered entity, the lease, its end and its agent's index entry.
-local function grant(keys, args, agent, lease_id, mode, expires, room)
+-- Writes the grant: one hold per covered entity, their counts, the lease, its end and its agent's index entry.
+local function grant(keys, args, items, counted, agent, lease_id, mode, expires, room)
   local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
-  local covered, fences = {}, {}
-  for i = PAIRS, #args, 2 do
-    local entity, via = args[i], args[i + 1]
-    local key = hold_key(keys, mode, entity)
-    redis.call('ZADD', key, expires, hold_member(agent, lease_id, via))
+  local fences = {}
+  for _, item in ipairs(items) do
+    local key = hold_key(keys, mode, item[1])
+    redis.call('ZADD', key, expires, hold_member(agent, lease_id, item[2]))
     redis.call('EXPIRE', key, KEEP)
-    table.insert(covered, {entity, via})
     if mode == 'exclusive' then
-      table.insert(fences, entity)
+      table.insert(fences, item[1])
       table.insert(fences, token)
-      if #fences >= FENCE_CHUNK then
+      if #fences >= 2 * CHUNK then
         redis.call('HSET', keys[4], unpack(fences))
         fences = {}
       end
     end
   end
   if #fences > 0 then redis.call('HSET', keys[4], unpack(fences)) end
-  local covers, omitted = covers_json(args, room)
+  local entities, totals, exclusives = counted[1], counted[2], counted[3]
+  add_counts(keys[8], entities, totals, 1)
+  if mode == 'exclusive' then add_counts(keys[9], entities, exclusives, 1) end
+  local covers, omitted = covers_json(items, room)
   redis.call('HSET', keys[1], lease_id, args[7] .. ',"covers":' .. covers .. ',"coversOmitted":' .. omitted ..
              ',"fencingToken":' .. token .. ',"expiresAt":' .. expires .. '}')
-  redis.call('HSET', keys[7], lease_id, cjson.encode(covered))
+  redis.call('HSET', keys[7], lease_id, cjson.encode(items))
   redis.call('ZADD', keys[3], expires, lease_id)
   redis.call('ZADD', keys[5], 0, agent .. '/' .. lease_id)
   return token
@@ -178,8 +237,8 @@ local function acquire(keys, args)
   if args[8] ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= args[8] then
     return cjson.encode({granted = false, stale = true})
   end
-  local room = tonumber(args[10])
-  local found, conflicting, cut, full = survey(keys, agent, mode, now, room, tonumber(args[9]), args)
+  local room, items = tonumber(args[10]), items_of(args)
+  local found, conflicting, cut, full, counted = survey(keys, agent, mode, now, room, tonumber(args[9]), items)
   redis.call('ZADD', keys[6], now, agent)
   local reply = {conflicts = found}
   if cut then
@@ -199,7 +258,7 @@ local function acquire(keys, args)
                              ' live leases (MEMENTO_LEASE_MAX_HOLDS)')
   end
   local expires = now + ttl
-  reply.fencingToken = grant(keys, args, agent, lease_id, mode, expires, room)
+  reply.fencingToken = grant(keys, args, items, counted, agent, lease_id, mode, expires, room)
   reply.granted, reply.expiresAt = true, expires
   keep(keys)
   return cjson.encode(reply)
