@@ -345,14 +345,23 @@ local function reap(keys, args)
 end
 
 -- KEYS = the lease keys; ARGV: now_ms, then entity ids. The live holds of each, as a flat list of
--- (entityId, mode, holder, leaseId, via): exclusive ones first, then shared, each by latest end. Read only.
+-- (entityId, mode, holder, leaseId, via): exclusive ones first, then shared, each by latest end. Read only;
+-- an entity's zsets are read only when its counts say it has holds (most entities an emit names have none).
 local function holds(keys, args)
-  local out, from = {}, '(' .. tonumber(args[1])
-  for i = 2, #args do
+  local out, from, entities = {}, '(' .. tonumber(args[1]), {}
+  for i = 2, #args do table.insert(entities, args[i]) end
+  local totals, exclusives = read_counts(keys[8], entities), read_counts(keys[9], entities)
+  for j, entity in ipairs(entities) do
     for _, mode in ipairs({'exclusive', 'shared'}) do
-      for _, member in ipairs(redis.call('ZRANGE', hold_key(keys, mode, args[i]), '+inf', from, 'BYSCORE', 'REV')) do
+      local counted = exclusives[j]
+      if mode == 'shared' then counted = totals[j] - exclusives[j] end
+      local members = {}
+      if counted > 0 then
+        members = redis.call('ZRANGE', hold_key(keys, mode, entity), '+inf', from, 'BYSCORE', 'REV')
+      end
+      for _, member in ipairs(members) do
         local holder, lease_id, via = string.match(member, '^([^/]*)/([^/]*)/(.*)$')
-        for _, item in ipairs({args[i], mode, holder, lease_id, via}) do table.insert(out, item) end
+        for _, item in ipairs({entity, mode, holder, lease_id, via}) do table.insert(out, item) end
       end
     end
   end
