@@ -79,7 +79,7 @@ async def test_an_acquire_costs_the_same_with_one_or_500_shared_holds_on_its_ent
             assert (await leases.acquire(who(f"h{i}", namespace), entities, 600, "shared"))["granted"]
         many = await median_acquire(leases, namespace, entities)
         print(f"shared acquire of 64 entities: {one * 1000:.2f} ms at 1 hold, {many * 1000:.2f} ms at 500")
-        assert many < 3 * one + 0.005
+        assert many < 3 * one + 0.02  # generous: the previous layout took 91 ms at 500 (0.7 ms at 1)
 
         refused = await leases.acquire(who("x", namespace), entities, 60, "exclusive")
         assert refused["granted"] is False and len(refused["conflicts"]) == 256  # MEMENTO_LEASE_REPLY_MAX
