@@ -3,16 +3,16 @@
 #   docker run -p 8765:8765 -e MEMENTO_REDIS_URL=... -e MEMENTO_POSTGRES_DSN=... -e MEMENTO_AUTH_SECRET=... memento-sessions
 # Without backend URLs the daemon starts its embedded Redis+FalkorDB and Postgres under /data.
 
-FROM python:3.11-slim AS build
+FROM python:3.11.9-slim AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 RUN python -m venv /opt/memento
 WORKDIR /src
 # The metadata first, so a code change does not reinstall every dependency.
 COPY pyproject.toml README.md constraints.txt ./
 COPY memento_sessions ./memento_sessions
-RUN /opt/memento/bin/pip install . -c constraints.txt
+RUN /opt/memento/bin/pip install ".[server]" -c constraints.txt
 
-FROM python:3.11-slim
+FROM python:3.11.9-slim
 # libgomp1: the FalkorDB module of the embedded server needs it (only used without MEMENTO_REDIS_URL).
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libgomp1 \

@@ -205,14 +205,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ConfigError, DataDirLocked) as exc:
         print(f"memento-sessions: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a daemon command on the light install: name the extra it needs
+        from memento_sessions.extras import missing_extra
+
+        if (line := missing_extra(exc)) is None:
+            raise
+        print(f"memento-sessions: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except MementoError as exc:
         print(f"memento-sessions: {exc}", file=sys.stderr)
         return 1
-    except OSError as exc:  # a daemon or server that cannot be reached: one line, not a traceback
-        print(f"memento-sessions: cannot connect: {exc}", file=sys.stderr)
+    except (OSError, BaseExceptionGroup) as exc:
+        if broken_pipe(exc):  # the reader went away (`session list | head -1`): done, quietly, as `cat` is
+            return quiet_exit()
+        if not isinstance(exc, OSError):
+            raise
+        print(f"memento-sessions: cannot connect: {exc}", file=sys.stderr)  # one line, not a traceback
         return 1
+
+
+def broken_pipe(exc: BaseException) -> bool:
+    """A BrokenPipeError, alone or as all an exception group holds (raised inside a task group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(broken_pipe(inner) for inner in exc.exceptions)
+    return isinstance(exc, BrokenPipeError)
+
+
+def quiet_exit() -> int:
+    """141 (128 + SIGPIPE), as a shell reports a command its pipe's reader left; stdout now points at
+    /dev/null, so the interpreter's last flush finds nowhere to fail."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141
 
 
 def _run(given: list[str]) -> int:

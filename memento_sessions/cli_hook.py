@@ -6,13 +6,17 @@ spooled input not yet delivered, oldest first, within its time budget. Nothing i
 is down (the next hook call delivers the backlog, or `memento-sessions hook --flush`), and nothing is
 doubled: the events' ids derive from the input and the time it was read, the daemon writes an id once
 per session, and the delivered offset is committed after each batch, so a batch sent again after a
-crash writes nothing. Only one hook delivers at a time (a second lock); the others just spool.
+crash writes nothing. Only one hook delivers at a time (a second lock); the others just spool. It reads
+the backlog a chunk at a time and stops at its deadline, so a call's time and memory do not grow with the
+backlog, and the spool is capped (cli_spool.py). A session that is not live is resumed when it was
+suspended, else created (never created over a suspended one).
 
 It prints nothing and exits 0 whatever happens: its output would reach the agent. Its imports are the
 standard library, the pure converters and a small WebSocket client, so it is done within 200 ms
 including the interpreter's start. Configuration comes from the environment only (reading .env and
-validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_URL (else the port
-in `<data dir>/runtime.json`), MEMENTO_DATA_DIR.
+validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_DATA_DIR, and where the
+daemon is by every command's rule (the port in `<data dir>/runtime.json`, else MEMENTO_URL, else
+MEMENTO_HOST / MEMENTO_PORT).
 """
 
 from __future__ import annotations
@@ -23,6 +27,19 @@ import os
 import sys
 import time
 
+from memento_sessions.cli_spool import (
+    MAX_INPUT,
+    Locked,
+    compact,
+    note_dropped,
+    parse,
+    pending,
+    read_offset,
+    spool,
+    trim,
+    write_offset,
+)
+
 # Not even typing, argparse, datetime, pathlib or contextlib at import: paths are plain strings, the lock a
 # small class (with an editable install whose finder imports pathlib anyway, only a lighter install shows the
 # gain). mypy takes any name TYPE_CHECKING as true.
@@ -30,22 +47,23 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # imported when delivering: a hook that only spools does without the socket modules
     import argparse
     from collections.abc import Iterator
-    from types import TracebackType
-    from typing import Any, BinaryIO, NoReturn
+    from typing import Any, NoReturn
 
     from memento_sessions.cli_wire import RpcFailure, Wire
 
 
 STARTED = time.monotonic()
 BUDGET = 0.15  # seconds from the start of the process a hook may spend (the daemon-up target is 0.2)
-MAX_INPUT = 4 * 1024 * 1024  # a hook input larger than this is not one Claude Code sends
 BATCH = 200  # events per event.emitBatch
+GROUP = 1024 * 1024  # bytes of spooled inputs of one session sent in one event.emitBatch (under the frame limit)
 NOT_FOUND, INVALID, CONFLICT = -32004, -32602, -32009
 HELP = """\
 Put it in Claude Code's hook settings (.claude/settings.json) for the events you want recorded; the
 README has the block to paste. Environment: MEMENTO_TOKEN (the agent's token), MEMENTO_DATA_DIR (the
-daemon's data dir: its spool and runtime.json), MEMENTO_URL (ws://host:port/ws, else the data dir's
-daemon on 127.0.0.1).
+daemon's data dir: its spool and runtime.json). The daemon: the port in the data dir's runtime.json (a
+running daemon writes it), else MEMENTO_URL (ws://host:port/ws), else MEMENTO_HOST / MEMENTO_PORT.
+MEMENTO_HOOK_SPOOL_MAX_BYTES (default 32 MiB) caps what waits in the spool: past it the oldest inputs are
+dropped, counted in hook-spool/dropped and said once on stderr.
 """
 
 
@@ -64,93 +82,13 @@ def spool_dir() -> str:
     return os.path.join(os.environ.get("MEMENTO_DATA_DIR") or ".memento", "hook-spool")
 
 
-def now_iso() -> str:
-    """The UTC time to the microsecond, as `2026-01-02T03:04:05.123456Z` (without importing datetime)."""
-    now = time.time_ns() // 1000
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now // 1_000_000)) + f".{now % 1_000_000:06d}Z"
+def daemon_url() -> str:
+    """The daemon, by every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else
+    MEMENTO_URL, else MEMENTO_HOST / MEMENTO_PORT."""
+    from memento_sessions.cli_wire import daemon_url as find
 
-
-class Locked:
-    """The file descriptor of `path` opened with `flags`, held under flock `mode` (a class, not a
-    contextlib.contextmanager: contextlib is an import the hook can do without)."""
-
-    def __init__(self, path: str, flags: int, mode: int = fcntl.LOCK_EX) -> None:
-        self.fd = os.open(path, flags, 0o600)
-        try:
-            fcntl.flock(self.fd, mode)
-        except BaseException:
-            os.close(self.fd)
-            raise
-
-    def __enter__(self) -> int:
-        return self.fd
-
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 trace: TracebackType | None) -> None:
-        os.close(self.fd)  # closing releases the lock
-
-
-def spool(record: Any, folder: str) -> None:
-    """Append one input with when it was read and the project root; one write under the lock."""
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    root = os.environ.get("CLAUDE_PROJECT_DIR") or (record.get("cwd") if isinstance(record, dict) else None)
-    line = json.dumps({"at": now_iso(), "root": root, "input": record}, separators=(",", ":"), ensure_ascii=False)
-    with Locked(os.path.join(folder, "spool.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
-        os.write(fd, (line + "\n").encode())
-
-
-def read_text(path: str) -> str:
-    with open(path, encoding="utf-8") as file:
-        return file.read()
-
-
-def daemon_url() -> str | None:
-    """MEMENTO_URL, else the local daemon of the data dir (its runtime.json names the port)."""
-    if os.environ.get("MEMENTO_URL"):
-        return os.environ["MEMENTO_URL"]
-    try:
-        port = json.loads(read_text(os.path.join(os.path.dirname(spool_dir()), "runtime.json")))["port"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return f"ws://127.0.0.1:{port}/ws"
-
-
-def read_offset(folder: str) -> int:
-    try:
-        return int(read_text(os.path.join(folder, "spool.offset")) or 0)
-    except (OSError, ValueError):
-        return 0
-
-
-def write_offset(folder: str, offset: int) -> None:
-    """Commit the delivered offset atomically (a crash leaves the old or the new one, never half)."""
-    tmp = os.path.join(folder, "spool.offset.tmp")
-    with open(tmp, "w", encoding="utf-8") as file:
-        file.write(str(offset))
-    os.replace(tmp, os.path.join(folder, "spool.offset"))
-
-
-def pending(folder: str, offset: int) -> list[tuple[int, dict[str, Any]]]:
-    """(end offset, spooled entry) of every whole line after `offset`; a torn last line waits."""
-    out: list[tuple[int, dict[str, Any]]] = []
-    with Locked(os.path.join(folder, "spool.jsonl"), os.O_RDONLY | os.O_CREAT, fcntl.LOCK_SH) as fd, \
-            os.fdopen(os.dup(fd), "rb") as spooled:
-        spooled.seek(offset)
-        for line in _lines(spooled):
-            offset += len(line)
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                entry = {}
-            out.append((offset, entry if isinstance(entry, dict) else {}))
-    return out
-
-
-def _lines(spooled: BinaryIO) -> Iterator[bytes]:
-    for line in spooled:
-        if not line.endswith(b"\n"):
-            return
-        yield line
+    env = os.environ
+    return find(os.path.dirname(spool_dir()), env.get("MEMENTO_URL"), env.get("MEMENTO_HOST"), env.get("MEMENTO_PORT"))
 
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
@@ -166,8 +104,19 @@ def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     return sid, events
 
 
+class Spooled:
+    """One spooled line: where it ends in the spool, its entry, its size, and (once converted) its events."""
+
+    __slots__ = ("end", "entry", "events", "sid", "size")
+
+    def __init__(self, end: int, line: bytes) -> None:
+        self.end, self.entry, self.size = end, parse(line), len(line)
+        self.sid, self.events = events_of(self.entry)
+
+
 def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
-    """Emit the events into the session, creating it on first use; RpcFailure for a refusal."""
+    """Emit the events into the session, bringing it back (resumed, else created) when it is not live;
+    RpcFailure for a refusal."""
     from memento_sessions.cli_wire import RpcFailure
 
     for start in range(0, len(events), BATCH):
@@ -177,47 +126,126 @@ def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
         except RpcFailure as exc:
             if exc.code != NOT_FOUND:
                 raise
-            try:
-                wire.call("session.create", {"sessionId": sid})
-            except RpcFailure as created:
-                if created.code != CONFLICT:  # another hook created it meanwhile: fine
-                    raise
+            reopen(wire, sid)
             wire.call("event.emitBatch", batch)
 
 
-def deliver(folder: str, deadline: float) -> bool:
-    """Send the spooled inputs in order until done or the deadline; True when nothing is left."""
-    token, url = os.environ.get("MEMENTO_TOKEN"), daemon_url()
-    if not token or not url:
-        return False
-    from memento_sessions.cli_wire import Wire, WireError
+def reopen(wire: Wire, sid: str) -> None:
+    """A session that is not live: resume it when it was suspended (`session suspend`, then a resumed Claude
+    session), else create it. Never a create over a suspended session: that would shadow its events."""
+    from memento_sessions.cli_wire import RpcFailure
+
+    if resume(wire, sid):
+        return
+    try:
+        wire.call("session.create", {"sessionId": sid})
+    except RpcFailure as created:
+        if created.code != CONFLICT:
+            raise
+        if reason(created) == "suspended":  # suspended meanwhile: the daemon refuses a create onto its id
+            resume(wire, sid)
+        # else another hook created it meanwhile: fine
+
+
+def resume(wire: Wire, sid: str) -> bool:
+    """True when the session is live after a `session.resume` (by this call or another hook's), False when
+    there is nothing to resume; RpcFailure when it cannot be (completed, archived)."""
+    from memento_sessions.cli_wire import RpcFailure
 
     try:
+        wire.call("session.resume", {"sessionId": sid})
+    except RpcFailure as exc:
+        if exc.code == NOT_FOUND:
+            return False
+        if exc.code == CONFLICT and reason(exc) == "active":
+            return True
+        raise
+    return True
+
+
+def reason(exc: RpcFailure) -> object:
+    return exc.data.get("reason") if isinstance(exc.data, dict) else None
+
+
+def refused_for_good(exc: RpcFailure) -> bool:
+    """Invalid input, or a session that takes no more events (a conflict: completed, archived): set aside,
+    as waiting would block the spool forever. Anything else (rate, backend, full) may pass later."""
+    return exc.code in (INVALID, CONFLICT)
+
+
+def deliver(folder: str, deadline: float) -> bool:
+    """Trim the spool to its cap, then send the spooled inputs in order, a chunk at a time, until done or the
+    deadline; True when nothing is left."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    try:
         with Locked(os.path.join(folder, "deliver.lock"), os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            return _deliver(folder, Wire(url, token, deadline))
-    except (BlockingIOError, WireError):  # another hook is delivering, or the daemon is away
+            note_dropped(folder, trim(folder))
+            token = os.environ.get("MEMENTO_TOKEN")
+            if not token:
+                return False
+            from memento_sessions.cli_wire import Wire, WireError
+
+            try:
+                return _deliver(folder, Wire(daemon_url(), token, deadline))
+            except WireError:  # the daemon is away, or the deadline came
+                return False
+    except BlockingIOError:  # another hook is delivering
         return False
 
 
 def _deliver(folder: str, wire: Wire) -> bool:
-    from memento_sessions.cli_wire import RpcFailure
-
     try:
-        while entries := pending(folder, read_offset(folder)):
-            for end, entry in entries:
-                sid, events = events_of(entry)
-                try:
-                    if sid and events:
-                        send(wire, sid, events)
-                except RpcFailure as exc:
-                    if exc.code != INVALID:  # refused for now (rate, backend, full): try again later
-                        return False
-                    reject(folder, entry, exc)  # refused for good: set aside, never block the spool
-                write_offset(folder, end)
-        compact(folder)
-        return True
+        while True:
+            wire.remaining()  # WireError once the deadline has come: the rest waits for the next call
+            entries = [Spooled(end, line) for end, line in pending(folder, read_offset(folder))]
+            if not entries:
+                compact(folder)
+                return True
+            for group in groups(entries):
+                if not send_group(folder, wire, group):
+                    return False
+                write_offset(folder, group[-1].end)
+            if len(entries) > 1:
+                note_dropped(folder, trim(folder))  # inputs spooled meanwhile (a long --flush)
     finally:
         wire.close()
+
+
+def groups(entries: list[Spooled]) -> Iterator[list[Spooled]]:
+    """Consecutive inputs of one session, up to BATCH events and GROUP bytes: one event.emitBatch each."""
+    group: list[Spooled] = []
+    for item in entries:
+        head = next((spooled for spooled in group if spooled.sid), None)
+        fits = head is None or not item.sid or (
+            item.sid == head.sid and sum(len(spooled.events) for spooled in group) + len(item.events) <= BATCH
+            and sum(spooled.size for spooled in group) + item.size <= GROUP)
+        if not fits:
+            yield group
+            group = []
+        group.append(item)
+    if group:
+        yield group
+
+
+def send_group(folder: str, wire: Wire, group: list[Spooled]) -> bool:
+    """Send a group's events; an input refused for good is set aside (one by one when the group is refused).
+    False when a refusal is for now: try again later."""
+    from memento_sessions.cli_wire import RpcFailure
+
+    sid = next((item.sid for item in group if item.sid), None)
+    events = [event for item in group for event in item.events]
+    if sid is None or not events:
+        return True
+    try:
+        send(wire, sid, events)
+        return True
+    except RpcFailure as exc:
+        if not refused_for_good(exc):  # refused for now (rate, backend, full)
+            return False
+        if len(group) == 1:
+            reject(folder, group[0].entry, exc)
+            return True
+    return all(send_group(folder, wire, [item]) for item in group)
 
 
 def reject(folder: str, entry: dict[str, Any], exc: RpcFailure) -> None:
@@ -225,14 +253,6 @@ def reject(folder: str, entry: dict[str, Any], exc: RpcFailure) -> None:
     line = json.dumps({"error": str(exc), "data": exc.data, **entry}, ensure_ascii=False, default=str)
     with Locked(os.path.join(folder, "rejected.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
         os.write(fd, (line + "\n").encode())
-
-
-def compact(folder: str) -> None:
-    """Empty the spool once everything in it is delivered (checked under its lock: no append is lost)."""
-    with Locked(os.path.join(folder, "spool.jsonl"), os.O_WRONLY | os.O_CREAT) as fd:
-        if os.fstat(fd).st_size == read_offset(folder):
-            os.ftruncate(fd, 0)
-            write_offset(folder, 0)
 
 
 def run_hook(argv: list[str]) -> int:

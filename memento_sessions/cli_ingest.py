@@ -26,6 +26,7 @@ import pydantic_core
 
 from memento_sessions.cli_pipeline import Pipeline
 from memento_sessions.cli_wire import RpcFailure, WireError
+from memento_sessions.cli_wire import daemon_url as find_daemon
 from memento_sessions.errors import Conflict
 from memento_sessions.ingest import FORMATS, LineReader
 from memento_sessions.protocol import MAX_FRAME
@@ -41,7 +42,8 @@ FRAME_BUDGET = MAX_FRAME - 64 * 1024  # bytes of one batch's events: room for th
 SUFFIXES = (".jsonl", ".ndjson", ".json")
 SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")  # \Z: `$` would also pass a trailing newline
 EPILOG = """\
-The daemon: --url (or MEMENTO_URL), else the daemon running on the data dir (its runtime.json).
+The daemon: --url, else the daemon running on the data dir (its runtime.json), else MEMENTO_URL, else
+MEMENTO_HOST / MEMENTO_PORT (the rule of every command).
 The identity: MEMENTO_TOKEN, a token with sessions:write (`memento-sessions token --agent ID`).
 Each input goes into the session --session names, else the one its records name (a Claude Code
 transcript's sessionId, stream-json's session_id), else one named after the file; created when missing.
@@ -64,8 +66,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         help="the inputs' format (default: auto, detected from the records)")
     ingest.add_argument("--project-root", help="make file paths relative to this directory (default: the "
                         "directory the records name, e.g. a transcript's cwd)")
-    ingest.add_argument("--url", help="the daemon's WebSocket URL (MEMENTO_URL; default: the local daemon of "
-                        "the data dir)")
+    ingest.add_argument("--url", help="the daemon's WebSocket URL (default: the daemon running on the data "
+                        "dir, else MEMENTO_URL, else MEMENTO_HOST/MEMENTO_PORT)")
     ingest.add_argument("--data-dir", help="the running daemon's data dir (MEMENTO_DATA_DIR, default ./.memento)")
     ingest.set_defaults(func=ingest_command)
 
@@ -300,21 +302,15 @@ def ingest(pipe: Pipeline, names: list[str], args: argparse.Namespace, progress:
     return totals
 
 
-def daemon_url(args: argparse.Namespace, data_dir: Path) -> str | None:
-    """--url, MEMENTO_URL, else the local daemon of the data dir (its runtime.json names the port)."""
-    url = args.url or os.environ.get("MEMENTO_URL")
-    if url:
-        return str(url)
-    try:
-        port = json.loads((data_dir / "runtime.json").read_text())["port"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return f"ws://127.0.0.1:{port}/ws"
+def daemon_url(args: argparse.Namespace, data_dir: Path, host: str | None, port: str | int | None) -> str:
+    """--url, else every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else MEMENTO_URL,
+    else MEMENTO_HOST / MEMENTO_PORT."""
+    return args.url or find_daemon(str(data_dir), os.environ.get("MEMENTO_URL"), host, port)
 
 
 def ingest_command(args: argparse.Namespace, settings: Settings) -> int:
     """The command: 0 when every input was read and sent (skipped records do not fail it), 1 otherwise."""
-    return run(args, settings.token, settings.data_dir)
+    return run(args, settings.token, settings.data_dir, (settings.host, settings.port))
 
 
 def quick_main(argv: list[str]) -> int | None:
@@ -332,15 +328,16 @@ def quick_main(argv: list[str]) -> int | None:
     data_dir = args.data_dir or os.environ.get("MEMENTO_DATA_DIR")
     if not token or not (args.url or os.environ.get("MEMENTO_URL") or data_dir):
         return None
-    return run(args, token, Path(data_dir or ".memento"))
+    where = (os.environ.get("MEMENTO_HOST"), os.environ.get("MEMENTO_PORT"))
+    return run(args, token, Path(data_dir or ".memento"), where)
 
 
-def run(args: argparse.Namespace, token: str | None, data_dir: Path) -> int:
-    """Every input sent with this token to the daemon of --url, MEMENTO_URL or the data dir; the summary."""
-    url = daemon_url(args, data_dir)
-    if not token or not url:
-        missing = "MEMENTO_TOKEN" if not token else f"--url or a daemon running on {data_dir}"
-        print(f"memento-sessions ingest: no {missing}", file=sys.stderr)
+def run(args: argparse.Namespace, token: str | None, data_dir: Path, where: tuple[str | None, str | int | None],
+        ) -> int:
+    """Every input sent with this token to the daemon (--url, else every command's rule); the summary."""
+    url = daemon_url(args, data_dir, *where)
+    if not token:
+        print("memento-sessions ingest: no MEMENTO_TOKEN", file=sys.stderr)
         return 2
     names = expand(args.files)
     try:

@@ -1,16 +1,16 @@
 """`memento-sessions session ...`: look at and steer sessions from a shell, over the running daemon's /ws.
 
-The commands are a client of the daemon like any other (memento_sessions.client.Client): they find its
-port in the data dir's runtime.json (or MEMENTO_PORT), and sign a token with the data dir's secret for
-the namespace given, unless MEMENTO_TOKEN is set. Tables are for people; `--json` prints the results
-as they come from the daemon, for scripts.
+The commands are a client of the daemon like any other (memento_sessions.client.Client): they find it as
+every command does (the data dir's runtime.json, else MEMENTO_URL, else MEMENTO_HOST / MEMENTO_PORT), and
+act as MEMENTO_TOKEN when it is set, else sign a token with the data dir's secret for the namespace given.
+Tables are for people; `--json` prints the results as they come from the daemon, for scripts.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
+import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -18,9 +18,9 @@ from typing import Any
 import anyio
 
 from memento_sessions.auth import issue_token
+from memento_sessions.cli_wire import daemon_url as find_daemon
 from memento_sessions.client import Client
 from memento_sessions.embedded.datadir import existing_auth_secret
-from memento_sessions.endpoints import runtime_file
 from memento_sessions.errors import ConfigError, RpcError
 from memento_sessions.settings import Settings
 
@@ -29,22 +29,18 @@ LIST_COLUMNS = ("sessionId", "status", "state", "seq", "agents", "updatedAt")
 
 
 def daemon_url(settings: Settings) -> str:
-    """ws://host:port/ws of the daemon running on the data dir (runtime.json), else MEMENTO_HOST/PORT."""
-    port = settings.port
-    with contextlib.suppress(OSError, ValueError, KeyError):
-        port = int(json.loads(runtime_file(settings).read_text())["port"])
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
-    return f"ws://{host}:{port}/ws"
+    """Every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else MEMENTO_URL, else
+    MEMENTO_HOST / MEMENTO_PORT."""
+    return find_daemon(str(settings.data_dir), os.environ.get("MEMENTO_URL"), settings.host, settings.port)
 
 
 def cli_token(settings: Settings, namespace: str, admin: bool = False) -> str:
-    """MEMENTO_TOKEN, else a short-lived token signed with the data dir's secret."""
-    if settings.token and not admin:
+    """MEMENTO_TOKEN whenever it is set (every command acts as it: its namespace, its scopes; a command its
+    scopes do not cover is refused by the daemon), else a short-lived token signed with the data dir's secret."""
+    if settings.token:
         return settings.token
     secret = settings.auth_secret or existing_auth_secret(settings.data_dir)
     if secret is None:
-        if settings.token:
-            return settings.token
         raise ConfigError(f"no MEMENTO_TOKEN and no daemon's secret in {settings.data_dir}")
     scope = "sessions:read sessions:write" + (" admin" if admin else "")
     return issue_token(secret, "cli", namespace, scope, 3600)
@@ -152,9 +148,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `session` and its sub-commands to the command line."""
     parser = sub.add_parser("session", help="list, show, tail, diff, fork, suspend, resume, complete or clear sessions",
                             description="Look at and steer the sessions of the daemon running on the data dir.")
-    parser.add_argument("--namespace", default="default", help="namespace (ignored with MEMENTO_TOKEN: the token's)")
-    parser.add_argument("--data-dir", help="the daemon's data dir (MEMENTO_DATA_DIR, default ./.memento)")
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts instead of tables")
+    common_options(parser, {"namespace": "default", "data_dir": None, "json": False})
     parser.set_defaults(func=_session)
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = actions.add_parser("list", help="sessions, newest first")
@@ -188,3 +182,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = actions.add_parser("complete", help="final checkpoint: the session is completed")
     p.add_argument("id")
     p.set_defaults(session_func=complete)
+    for action in actions.choices.values():  # the same options after the action: `session list --json`
+        common_options(action, None)
+
+
+def common_options(parser: argparse.ArgumentParser, defaults: dict[str, Any] | None) -> None:
+    """--namespace, --data-dir and --json, before the action (with their defaults) or after it (an option
+    given there wins; one not given leaves the value from before the action: argparse.SUPPRESS)."""
+    def default(name: str) -> Any:
+        return argparse.SUPPRESS if defaults is None else defaults[name]
+
+    parser.add_argument("--namespace", default=default("namespace"),
+                        help="namespace (ignored with MEMENTO_TOKEN: the token's)")
+    parser.add_argument("--data-dir", default=default("data_dir"),
+                        help="the daemon's data dir (MEMENTO_DATA_DIR, default ./.memento)")
+    parser.add_argument("--json", action="store_true", default=default("json"),
+                        help="print JSON for scripts instead of tables")

@@ -62,6 +62,41 @@ def split_url(url: str) -> tuple[bool, str, int, str]:
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~/")
 
 
+def daemon_url(data_dir: str, url: str | None, host: str | None, port: str | int | None) -> str:
+    """Where every command finds the daemon, one rule: the port (and listen address) in the data dir's
+    runtime.json, which a running daemon writes in every mode (unless the process that wrote it is gone);
+    else `url` (MEMENTO_URL); else `host` and `port` (MEMENTO_HOST / MEMENTO_PORT, default 127.0.0.1:8765).
+    A wildcard listen address means loopback."""
+    try:
+        with open(os.path.join(data_dir, "runtime.json"), encoding="utf-8") as file:
+            runtime = json.loads(file.read())
+        if _alive(runtime.get("pid")):  # a daemon killed with -9 left its file behind
+            return _ws_url(runtime.get("host"), int(runtime["port"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    if url:
+        return url
+    return _ws_url(host, int(port or 8765))
+
+
+def _alive(pid: object) -> bool:
+    """Whether the process that wrote runtime.json still runs (True when the file names none)."""
+    if not isinstance(pid, int) or isinstance(pid, bool):
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: it runs
+        return True
+    return True
+
+
+def _ws_url(host: str | None, port: int) -> str:
+    host = "127.0.0.1" if host in (None, "", "0.0.0.0", "::") else host
+    return f"ws://[{host}]:{port}/ws" if ":" in str(host) else f"ws://{host}:{port}/ws"
+
+
 def quote(text: str) -> str:
     """Percent-encoded for a query string (as urllib.parse.quote; a token is ASCII already)."""
     return "".join(chr(byte) if byte in _UNRESERVED else f"%{byte:02X}" for byte in text.encode())

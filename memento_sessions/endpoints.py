@@ -1,7 +1,8 @@
 """Where the backends are: configured URLs, or the embedded servers the daemon runs.
 
-A running daemon writes `<data dir>/runtime.json` so that `check`, `prune`, `kg load` and `mcp`
-reach the same embedded servers without being told their ports.
+A running daemon writes `<data dir>/runtime.json` in every mode: its port, so that every command finds it
+(cli_wire.daemon_url), and, when it runs embedded servers, their URLs, so that `check`, `prune`, `kg load`
+and `mcp` reach the same servers without being told their ports.
 """
 
 from __future__ import annotations
@@ -28,13 +29,24 @@ def runtime_file(settings: Settings) -> Path:
     return settings.data_dir / "runtime.json"
 
 
-def write_runtime(settings: Settings, endpoints: Endpoints, port: int) -> None:
-    """Record the embedded servers' URLs and the daemon's port for the other commands.
+def write_runtime(settings: Settings, endpoints: Endpoints | None, port: int) -> None:
+    """Record the daemon's port and listen address for the other commands, and the embedded servers' URLs
+    when it runs them (`endpoints`; None when the backends are configured ones, which it does not own).
 
-    The URLs carry the servers' passwords: the file is for the data dir's owner only (0600).
+    The URLs carry the servers' passwords: the file is for the data dir's owner only (0600). Without them a
+    data dir that cannot be written does not stop the daemon: the commands then find it by MEMENTO_URL.
     """
-    data = {**asdict(endpoints), "port": port, "pid": os.getpid()}
+    try:
+        _write_runtime(settings, {**(asdict(endpoints) if endpoints else {}), "host": settings.host, "port": port,
+                                  "pid": os.getpid()})
+    except OSError:
+        if endpoints is not None:
+            raise
+
+
+def _write_runtime(settings: Settings, data: dict[str, object]) -> None:
     path = runtime_file(settings)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -44,7 +56,12 @@ def write_runtime(settings: Settings, endpoints: Endpoints, port: int) -> None:
 
 
 def remove_runtime(settings: Settings) -> None:
-    runtime_file(settings).unlink(missing_ok=True)
+    """Remove runtime.json when this process wrote it (another daemon on the data dir may have since)."""
+    try:
+        if json.loads(runtime_file(settings).read_text()).get("pid") == os.getpid():
+            runtime_file(settings).unlink(missing_ok=True)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def resolve(settings: Settings) -> Endpoints:
@@ -54,10 +71,11 @@ def resolve(settings: Settings) -> Endpoints:
     if needs_runtime:
         try:
             runtime = json.loads(runtime_file(settings).read_text())
-        except (OSError, ValueError):
+            runtime["redis_url"]
+        except (OSError, ValueError, KeyError, TypeError):
             raise ConfigError(
-                f"no MEMENTO_REDIS_URL/MEMENTO_POSTGRES_DSN set and no daemon running on {settings.data_dir} "
-                "(start `memento-sessions serve` or set the URLs)"
+                f"no MEMENTO_REDIS_URL/MEMENTO_POSTGRES_DSN set and no daemon running embedded servers on "
+                f"{settings.data_dir} (start `memento-sessions serve` or set the URLs)"
             ) from None
     redis_url = settings.redis_url or runtime.get("redis_url")
     assert redis_url is not None

@@ -1,4 +1,9 @@
-"""structlog configured once: JSON lines in production, console on a TTY."""
+"""structlog configured once: JSON lines in production, console on a TTY.
+
+The libraries' stdlib loggers (uvicorn, the MCP SDK, asyncpg) go through the same renderer, so with
+JSON logs every line is one JSON object, a traceback inside it (`exception`). A client that goes away
+mid-request is one debug line, not uvicorn's "Exception in ASGI application" traceback.
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,21 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+_HANDLER = "memento-sessions"  # the name of our handler on the root logger, replaced at each configure
+
+
 def configure_logging(log_format: str | None = None, level: str = "info") -> None:
     """Set the processor chain; `log_format` None picks console on a TTY, else JSON."""
     fmt = log_format or ("console" if sys.stderr.isatty() else "json")
     renderer: structlog.typing.Processor = (
         structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
     )
+    timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            timestamper,
             structlog.processors.format_exc_info,
             renderer,
         ],
@@ -32,9 +41,27 @@ def configure_logging(log_format: str | None = None, level: str = "info") -> Non
         # the hot path (warnings, connections, passes), so a bind per call costs nothing measurable.
         cache_logger_on_first_use=False,
     )
-    # Libraries that use stdlib logging (uvicorn, mcp) go to stderr at warning and above.
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    _route_library_logs(renderer, timestamper, max(logging.WARNING, _LEVELS[level]))
     guard_library_logs()
+
+
+def _route_library_logs(renderer: structlog.typing.Processor, timestamper: structlog.typing.Processor,
+                        level: int) -> None:
+    """Libraries that use stdlib logging (uvicorn, mcp, asyncpg) render as ours, at warning and above."""
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[_logger_name, structlog.stdlib.add_log_level, timestamper],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, renderer],
+    )
+    handler = logging.StreamHandler(_Stderr())
+    handler.set_name(_HANDLER)
+    handler.setFormatter(formatter)
+    handler.addFilter(_client_gone)  # for the MCP SDK's loggers, which carry no filter of ours
+    root = logging.getLogger()
+    for old in [old for old in root.handlers if old.get_name() == _HANDLER]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
 
 
 def guard_library_logs() -> None:
@@ -45,7 +72,7 @@ def guard_library_logs() -> None:
     setup), the token is masked. And the refused handshakes it logs as errors are dropped.
     """
     uvicorn_logger = logging.getLogger("uvicorn.error")
-    for guard in (_not_denial_noise, _mask_tokens):
+    for guard in (_not_denial_noise, _client_gone, _mask_tokens):
         if guard not in uvicorn_logger.filters:
             uvicorn_logger.addFilter(guard)
 
@@ -53,6 +80,39 @@ def guard_library_logs() -> None:
 def _not_denial_noise(record: logging.LogRecord) -> bool:
     """uvicorn logs every refused WebSocket handshake (our 401/503 denial responses) as an error."""
     return "without completing handshake" not in record.getMessage()
+
+
+def _logger_name(_: object, __: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """The record's logger under the key our own lines use."""
+    event["logger_name"] = event["_record"].name
+    return event
+
+
+# What a request's task raises when its client has gone: starlette's ClientDisconnect, anyio's stream errors,
+# a reset or broken socket. Matched by class name so that logging imports neither library.
+_GONE = frozenset({"ClientDisconnect", "ClosedResourceError", "BrokenResourceError", "EndOfStream",
+                   "ConnectionError"})
+
+
+def _is_client_gone(exc: BaseException) -> bool:
+    """`exc` (or every exception of a group) is a client gone, or was raised while handling one (starlette's
+    "Unexpected ASGI message ... after response already completed" as it tries to answer a vanished client)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_is_client_gone(inner) for inner in exc.exceptions)
+    if any(cls.__name__ in _GONE for cls in type(exc).__mro__):
+        return True
+    return isinstance(exc, RuntimeError) and exc.__context__ is not None and _is_client_gone(exc.__context__)
+
+
+def _client_gone(record: logging.LogRecord) -> bool:
+    """A traceback from uvicorn or the MCP SDK for a client that went away becomes one debug line."""
+    if not record.name.startswith(("uvicorn", "mcp")) or not record.exc_info or record.exc_info[1] is None:
+        return True
+    exc = record.exc_info[1]
+    if not _is_client_gone(exc):
+        return True
+    get_logger(record.name).debug("client went away", message=record.getMessage().strip(), error=repr(exc)[:200])
+    return False
 
 
 _TOKEN = re.compile(r"(token=)[^&\s\"']+")

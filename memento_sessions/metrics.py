@@ -72,3 +72,22 @@ COMPACTIONS = Counter("memento_compactions_total", "Session compactions that rem
 REHYDRATE_SECONDS = Histogram("memento_rehydrate_seconds", "Time to rebuild a session's view at a seq "
                               "(session.get atSeq: snapshot plus the events after it)", buckets=_FAST)
 LIFECYCLE = Counter("memento_lifecycle_total", "Lifecycle moves (suspended, resumed, forked, cleared)", ["action"])
+
+# Every label value the daemon can count, with a 0 sample from the start: a counter with no sample until its
+# first increment reads as no data, so `increase(...)` and `rate(...)` over the first failure show nothing.
+KNOWN_LABELS: dict[Counter, tuple[str, ...]] = {
+    BACKEND_ERRORS: ("redis", "falkordb", "postgres"),
+    EMBEDDED_RESTARTS: ("redis", "postgres"),
+    SESSION_LIMIT_REFUSALS: ("session_full", "namespace_full"),
+    REPLY_PAGES: ("session.get", "session.list", "session.conversation", "bridge.isolate"),
+    WS_REFUSED: ("max_connections", "handshake_timeout", "too_many_subscriptions", "token_expired"),
+    CHECKPOINTS: ("working", "broken", "coordinating", "completed"),
+    MCP_SESSION_LIMIT: ("closed", "refused"),
+    LEASE_ACQUIRES: ("granted", "refused", "lease_limit"),
+    LEASE_ENDS: ("released", "expired", "orphaned"),
+    MAILBOX_MESSAGES: ("stored", "duplicate"),
+    LIFECYCLE: ("suspended", "kept", "resumed", "cleared", "forked", "archived"),
+}
+for _counter, _values in KNOWN_LABELS.items():
+    for _value in _values:
+        _counter.labels(_value)

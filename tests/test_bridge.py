@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,9 @@ async def test_outcomes_sum_up_a_clusters_recent_anchors(daemon: Daemon, namespa
     assert [(a["checkpointId"], a["entityIds"], a["outcome"], a["perfDelta"]) for a in auth["recentSessions"]] == [
         (cp2, ["fn:logout"], "broken", 3.5), (cp1, ["fn:login", "fn:refresh"], "working", 0.5)]
     assert {a["sessionId"] for a in auth["recentSessions"]} == {sid}
+    for anchor in auth["recentSessions"]:  # ISO-8601 as every method's timestamps, within the last minute
+        at = datetime.fromisoformat(anchor["timestamp"].replace("Z", "+00:00"))
+        assert anchor["timestamp"].endswith("Z") and abs((datetime.now(UTC) - at).total_seconds()) < 60
     assert (auth["avgPerfDelta"], auth["brokenCount"]) == (2.0, 1)
     assert (billing["clusterName"], billing["specTitles"], billing["avgPerfDelta"], billing["brokenCount"]) == (
         "Billing", ["Invoices"], 3.5, 1)

@@ -179,3 +179,52 @@ async def test_tail_follow_prints_every_event_once_across_a_daemon_restart(
             first.kill()
             first.wait()
     assert printed == list(range(1, 9))
+
+
+async def test_every_command_acts_as_memento_token(daemon: Daemon, cli_env: str, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """With MEMENTO_TOKEN set, `clear` (an admin command) acts in the token's namespace with its scopes too,
+    whatever --namespace says and though the data dir's secret is at hand."""
+    ns, other = cli_env, cli_env + "-b"
+    async with rpc(daemon.port, token("alice", ns)) as peer:
+        await peer.call("session.create", {"sessionId": "s1"})
+    monkeypatch.setenv("MEMENTO_TOKEN", token("bob", other, "sessions:read sessions:write admin"))
+    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", ns, "clear", "s1"])
+    assert code == 1 and "not found (-32004)" in capsys.readouterr().err  # team-b has no s1
+    monkeypatch.setenv("MEMENTO_TOKEN", token("bob", ns))  # the right namespace, but no admin scope
+    code = await anyio.to_thread.run_sync(main, ["session", "clear", "s1"])
+    assert code == 1 and "admin" in capsys.readouterr().err
+    monkeypatch.delenv("MEMENTO_TOKEN")
+    async with rpc(daemon.port, token("alice", ns)) as peer:
+        assert (await peer.call("session.get", {"sessionId": "s1"}))["session"]["sessionId"] == "s1"
+
+
+async def test_options_after_the_action(daemon: Daemon, cli_env: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`session list --json` and `session show ID --json` (as docs/lifecycle.md shows them), as well as before."""
+    ns = cli_env
+    async with rpc(daemon.port, token("alice", ns)) as peer:
+        await peer.call("session.create", {"sessionId": "s1"})
+    code, out = await run(capsys, "session", "list", "--json", "--namespace", ns)
+    assert code == 0 and [s["sessionId"] for s in json.loads(out)["sessions"]] == ["s1"]
+    code, out = await run(capsys, "session", "show", "s1", "--json", "--namespace", ns)
+    assert code == 0 and json.loads(out)["session"]["status"] == "active"
+    code, out = await run(capsys, "session", "--namespace", ns, "--json", "show", "s1")
+    assert code == 0 and json.loads(out)["session"]["sessionId"] == "s1"
+    code, out = await run(capsys, "session", "--namespace", "elsewhere", "list", "--namespace", ns)
+    assert code == 0 and out.splitlines()[1].split()[:2] == ["s1", "active"]  # the later one wins
+
+
+async def test_a_reader_that_goes_away_ends_the_command_quietly(daemon: Daemon, cli_env: str) -> None:
+    """`session list | head -1`: the pipe breaks under the command, which exits 141 (as a shell reports a
+    SIGPIPE) and says nothing, rather than "cannot connect: [Errno 32] Broken pipe" and 1."""
+    async with rpc(daemon.port, token("alice", cli_env)) as peer:
+        for n in range(500):  # a table larger than a pipe's buffer (64 KiB)
+            await peer.call("session.create", {"sessionId": f"s{n:03d}-{'x' * 120}"})
+    env = {**os.environ, "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_DATA_DIR": str(daemon.settings.data_dir)}
+    env.pop("MEMENTO_TOKEN", None)
+    shell = f"{sys.executable} -m memento_sessions.cli session list --limit 500 --namespace {cli_env} | head -1; " \
+            "echo \"${PIPESTATUS[0]}\" >&2"
+    done = await anyio.run_process(["bash", "-c", shell], env=env, check=False)
+    status = done.stderr.decode().strip().splitlines()
+    assert done.stdout.decode().split() == ["SESSIONID", "STATUS", "STATE", "SEQ", "AGENTS", "UPDATEDAT"]
+    assert status == ["141"] or status == ["0"], status  # nothing else on stderr

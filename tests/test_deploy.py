@@ -31,10 +31,16 @@ from tests import tools
 ROOT = tools.ROOT
 CHART = ROOT / "helm" / "memento-sessions"
 CI_VALUES = CHART / "ci" / "cluster-values.yaml"
+GITOPS_VALUES = CHART / "ci" / "gitops-values.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "memento-sessions.json"
 SECRET = "compose-test-secret-0123456789-0123456789"
-CLUSTER_URL = "redis+cluster://redis-node-1:6379,redis-node-2:6379,redis-node-3:6379"
-DSN = "postgresql://memento:memento@postgres:5432/memento"
+PASSWORDS = {"REDIS_PASSWORD": "redispw0123456789", "FALKORDB_PASSWORD": "falkorpw0123456789",
+             "POSTGRES_PASSWORD": "pgpw0123456789", "GRAFANA_ADMIN_PASSWORD": "grafanapw0123456789"}
+CLUSTER_URL = "redis+cluster://:redispw0123456789@redis-node-1:6379,redis-node-2:6379,redis-node-3:6379"
+COMPOSE_REDIS_URL = "redis://:redispw0123456789@redis:6379/0"
+COMPOSE_FALKORDB_URL = "redis://:falkorpw0123456789@falkordb:6379/0"
+DSN = "postgresql://memento:pgpw0123456789@postgres:5432/memento"
+CHART_DSN = "postgresql://memento:memento@postgres:5432/memento"
 KUBE_VERSIONS = ("1.25.0", "1.33.0")  # the chart's oldest kubeVersion and the helm binary's generation
 
 
@@ -53,12 +59,15 @@ def yaml_module() -> Any:
 
 # --- docker compose ----------------------------------------------------------------------------------------
 
-def compose_config(*profiles: str, secret: str | None = SECRET) -> subprocess.CompletedProcess[str]:
-    """`docker compose [--profile p] config` with only the variables the file reads set by the test."""
+def compose_config(*profiles: str, secret: str | None = SECRET, without: str = "",
+                   variables: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`docker compose [--profile p] config` with only the variables the file reads set by the test (all of
+    PASSWORDS, or `variables`, less `without`)."""
     command: list[str] = need(tools.compose)
-    env = {k: v for k, v in os.environ.items() if k not in ("MEMENTO_AUTH_SECRET", "POSTGRES_PASSWORD",
-                                                              "GRAFANA_ADMIN_PASSWORD")}
-    if secret is not None:
+    env = {k: v for k, v in os.environ.items() if k != "MEMENTO_AUTH_SECRET" and k not in PASSWORDS}
+    env.update(PASSWORDS if variables is None else variables)
+    env.pop(without, None)
+    if secret is not None and variables is None:
         env["MEMENTO_AUTH_SECRET"] = secret
     flags = [arg for profile in profiles for arg in ("--profile", profile)]
     return subprocess.run([*command, "-f", str(ROOT / "docker-compose.yml"), *flags, "config"], cwd=ROOT, env=env,
@@ -88,23 +97,23 @@ def settings_from(env: dict[str, str]) -> Settings:
     return load_settings(**fields)
 
 
-def test_compose_default_runs_the_daemon_on_falkordb_and_postgres() -> None:
+def test_compose_default_runs_the_daemon_on_redis_falkordb_and_postgres() -> None:
     services = active_services()
-    assert set(services) == {"memento", "falkordb", "postgres", "prometheus", "grafana"}
+    assert set(services) == {"memento", "redis", "falkordb", "postgres", "prometheus", "grafana"}
     daemon = services["memento"]
     env = environment(daemon)
     assert {k: env[k] for k in ("MEMENTO_HOST", "MEMENTO_REDIS_URL", "MEMENTO_POSTGRES_DSN", "MEMENTO_AUTH_SECRET")} \
-        == {"MEMENTO_HOST": "0.0.0.0", "MEMENTO_REDIS_URL": "redis://falkordb:6379/0",
+        == {"MEMENTO_HOST": "0.0.0.0", "MEMENTO_REDIS_URL": COMPOSE_REDIS_URL,
             "MEMENTO_POSTGRES_DSN": DSN, "MEMENTO_AUTH_SECRET": SECRET}
     settings = settings_from(env)
-    assert (settings.redis_url, settings.falkordb_url, settings.port) == ("redis://falkordb:6379/0", None, 8765)
+    assert (settings.redis_url, settings.falkordb_url, settings.port) == (COMPOSE_REDIS_URL, COMPOSE_FALKORDB_URL, 8765)
     assert Path(daemon["build"]["context"]).resolve() == ROOT
     assert daemon["read_only"] is True
     assert {"/data", "/tmp"} <= set(daemon["tmpfs"])  # the only places a read-only daemon container writes
     assert {name: dep["condition"] for name, dep in daemon["depends_on"].items()} \
-        == {"falkordb": "service_healthy", "postgres": "service_healthy"}
-    assert services["falkordb"]["image"].startswith("falkordb/falkordb:")
-    assert services["postgres"]["image"] == "postgres:16"
+        == {"redis": "service_healthy", "falkordb": "service_healthy", "postgres": "service_healthy"}
+    assert services["falkordb"]["image"].startswith("falkordb/falkordb:v4.")
+    assert services["postgres"]["image"].startswith("postgres:16.")
 
 
 def test_compose_healthcheck_is_the_images_own() -> None:
@@ -125,13 +134,67 @@ def test_compose_refuses_to_run_without_an_auth_secret() -> None:
     assert "set MEMENTO_AUTH_SECRET to a secret of 32 characters or more" in done.stderr
 
 
+@pytest.mark.parametrize("name", sorted(PASSWORDS))
+def test_compose_has_no_default_password(name: str) -> None:
+    """Every backend password and Grafana's admin password must be given: none falls back to a known value."""
+    done = compose_config(without=name)
+    assert done.returncode != 0
+    assert f"set {name}" in done.stderr and "deploy/compose-env.sh" in done.stderr
+
+
+def test_compose_backends_ask_for_their_passwords() -> None:
+    services = active_services("cluster")
+    redis_command = services["redis"]["command"]
+    assert redis_command[redis_command.index("--requirepass") + 1] == PASSWORDS["REDIS_PASSWORD"]
+    falkordb_args = environment(services["falkordb"])["REDIS_ARGS"].split()
+    assert falkordb_args[falkordb_args.index("--requirepass") + 1] == PASSWORDS["FALKORDB_PASSWORD"]
+    for node in ("redis-node-1", "redis-node-2", "redis-node-3"):
+        command = services[node]["command"]
+        for flag in ("--requirepass", "--masterauth"):
+            assert command[command.index(flag) + 1] == PASSWORDS["REDIS_PASSWORD"], (node, flag)
+    for name in ("redis", "falkordb", "redis-node-1", "redis-cluster-init"):  # redis-cli (health, cluster create)
+        expected = PASSWORDS["FALKORDB_PASSWORD" if name == "falkordb" else "REDIS_PASSWORD"]
+        assert environment(services[name])["REDISCLI_AUTH"] == expected, name
+    assert environment(services["postgres"])["POSTGRES_PASSWORD"] == PASSWORDS["POSTGRES_PASSWORD"]
+    assert environment(services["grafana"])["GF_SECURITY_ADMIN_PASSWORD"] == PASSWORDS["GRAFANA_ADMIN_PASSWORD"]
+
+
+# An exact release: major.minor.patch, or for Postgres (whose releases are major.minor) major.minor.
+PINNED = re.compile(r"^(postgres:\d+\.\d+|[a-z0-9./_-]+:v?\d+\.\d+\.\d+)(-[a-z0-9.]+)?(@sha256:[0-9a-f]{64})?$")
+
+
+def test_compose_and_dockerfile_images_are_pinned_to_exact_versions() -> None:
+    images = {name: spec["image"] for name, spec in active_services("cluster").items() if "build" not in spec}
+    assert len(images) == 9
+    loose = {name: image for name, image in images.items() if not PINNED.match(image)}
+    assert loose == {}
+    bases = [line.split()[1] for line in dockerfile_lines() if line.startswith("FROM ")]
+    assert len(bases) == 2 and all(PINNED.match(base) for base in bases), bases
+
+
+def test_compose_env_generates_every_secret_once(tmp_path: Path) -> None:
+    env_file = tmp_path / "compose.env"
+    clean = {k: v for k, v in os.environ.items() if k != "MEMENTO_AUTH_SECRET" and k not in PASSWORDS}
+    script = str(ROOT / "deploy" / "compose-env.sh")
+    subprocess.run([script, str(env_file)], env=clean, check=True, capture_output=True, timeout=30)
+    first = dict(line.split("=", 1) for line in env_file.read_text().splitlines())
+    assert set(first) == {"MEMENTO_AUTH_SECRET", *PASSWORDS}
+    assert all(re.fullmatch(r"[0-9a-f]{48}", value) for value in first.values()), first
+    assert len(set(first.values())) == 5
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    subprocess.run([script, str(env_file)], env=clean, check=True, capture_output=True, timeout=30)
+    assert dict(line.split("=", 1) for line in env_file.read_text().splitlines()) == first  # kept
+    done = compose_config(variables=first)
+    assert done.returncode == 0, done.stderr
+
+
 def test_compose_cluster_profile_runs_a_daemon_on_a_three_primary_cluster() -> None:
     services = active_services("cluster")
-    assert set(services) == {"memento", "falkordb", "postgres", "prometheus", "grafana", "redis-node-1",
+    assert set(services) == {"memento", "redis", "falkordb", "postgres", "prometheus", "grafana", "redis-node-1",
                              "redis-node-2", "redis-node-3", "redis-cluster-init", "memento-cluster"}
     env = environment(services["memento-cluster"])
     settings = settings_from(env)
-    assert (settings.redis_url, settings.falkordb_url) == (CLUSTER_URL, "redis://falkordb:6379/0")
+    assert (settings.redis_url, settings.falkordb_url) == (CLUSTER_URL, COMPOSE_FALKORDB_URL)
     for node in ("redis-node-1", "redis-node-2", "redis-node-3"):
         command = services[node]["command"]
         assert command[command.index("--cluster-enabled") + 1] == "yes"
@@ -192,7 +255,7 @@ def dockerfile_healthcheck() -> list[str]:
 
 def test_dockerfile_runs_the_daemon_as_a_non_root_user_on_all_interfaces() -> None:
     stage = final_stage()
-    assert stage[0] == "FROM python:3.11-slim"
+    assert stage[0].startswith("FROM python:3.11.") and stage[0].endswith("-slim")
     [user] = [line.split()[1] for line in stage if line.startswith("USER ")]
     assert user.split(":")[0] not in ("root", "0")
     env = " ".join(line for line in stage if line.startswith("ENV "))
@@ -261,7 +324,7 @@ def render(*args: str) -> dict[str, dict[str, Any]]:
     return by_kind
 
 
-VALUES = {"default": (), "cluster": ("-f", str(CI_VALUES))}
+VALUES = {"default": (), "cluster": ("-f", str(CI_VALUES)), "gitops": ("-f", str(GITOPS_VALUES))}
 
 
 @pytest.mark.parametrize("values", VALUES)
@@ -313,7 +376,7 @@ def test_default_chart() -> None:
     assert container["envFrom"] == [{"secretRef": {"name": rendered["Secret"]["metadata"]["name"]}}]
     settings = settings_from(pod_env(rendered))
     assert (settings.host, settings.redis_url, settings.falkordb_url, settings.postgres_dsn) \
-        == ("0.0.0.0", "redis://falkordb:6379/0", None, DSN)
+        == ("0.0.0.0", "redis://redis:6379/0", "redis://falkordb:6379/0", CHART_DSN)  # FalkorDB apart
     assert len(settings.auth_secret or "") == 48  # generated at install
     selector = spec["selector"]["matchLabels"]
     assert rendered["PodDisruptionBudget"]["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": selector}}
@@ -345,8 +408,9 @@ def test_cluster_values_chart() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (("--set", "redis.cluster.enabled=true", "--set", "redis.cluster.nodes[0]=r:6379"),
+    (("--set", "redis.cluster.enabled=true", "--set", "redis.cluster.nodes[0]=r:6379", "--set", "falkordb.url="),
      "redis.cluster.enabled needs falkordb.url"),
+    (("--set", "ingress.enabled=true"), "ingress.enabled needs ingress.hosts"),
     (("--set", "redis.cluster.enabled=true", "--set", "falkordb.url=redis://f:6379"),
      "redis.cluster.enabled needs redis.cluster.nodes"),
     (("--set", "terminationGracePeriodSeconds=15"),
@@ -357,6 +421,51 @@ def test_helm_refuses_values_the_daemon_cannot_honour(args: tuple[str, ...], mes
     done = helm("template", "memento", ".", *args)
     assert done.returncode == 1
     assert message in done.stderr
+
+
+GITOPS_MESSAGE = ("auth.requireSecret: set existingSecret or auth.secret. Without either the chart generates the "
+                  "auth secret, and a `helm template` render (Argo CD, Flux) cannot look up the one it made before")
+
+
+def test_helm_template_generates_a_new_secret_at_each_render_unless_one_is_given() -> None:
+    """Why GitOps needs existingSecret or auth.secret: `helm template` cannot look up the Secret of the last render."""
+    def auth_secret(*args: str) -> str:
+        return str(render(*args)["Secret"]["stringData"]["MEMENTO_AUTH_SECRET"])
+
+    assert auth_secret() != auth_secret()
+    given = ("--set", f"auth.secret={SECRET}")
+    assert auth_secret(*given) == auth_secret(*given) == SECRET
+
+
+def test_require_secret_refuses_a_render_that_would_generate_one() -> None:
+    done = helm("template", "memento", ".", "--set", "auth.requireSecret=true")
+    assert done.returncode == 1
+    assert GITOPS_MESSAGE in done.stderr
+    for given in (("--set", "existingSecret=mine"), ("--set", f"auth.secret={SECRET}")):
+        assert "Deployment" in render("--set", "auth.requireSecret=true", *given)
+    notes = (CHART / "templates" / "NOTES.txt").read_text() + (CHART / "README.md").read_text()
+    assert "helm template" in notes and "existingSecret" in notes and "auth.requireSecret" in notes
+
+
+def test_gitops_values_chart_has_its_ingress_and_network_policy() -> None:
+    rendered = render("-f", str(GITOPS_VALUES))
+    assert set(rendered) == {"Deployment", "Service", "PodDisruptionBudget", "ServiceAccount", "Ingress",
+                             "NetworkPolicy"}  # no Secret of the chart's: existingSecret
+    service = rendered["Service"]
+    [rule] = rendered["Ingress"]["spec"]["rules"]
+    [path] = rule["http"]["paths"]
+    assert rule["host"] == "memento.example.com"
+    assert path["backend"]["service"] == {"name": service["metadata"]["name"], "port": {"name": "http"}}
+    assert rendered["Ingress"]["spec"]["tls"] == [{"secretName": "memento-tls", "hosts": ["memento.example.com"]}]
+    [container] = rendered["Deployment"]["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert "memento.example.com" in env["MEMENTO_MCP_ALLOWED_HOSTS"].split(",")  # the Ingress's host reaches /mcp
+    policy = rendered["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == rendered["Deployment"]["spec"]["selector"]["matchLabels"]
+    [allowed] = policy["ingress"]
+    assert allowed["ports"] == [{"port": "http", "protocol": "TCP"}]
+    assert allowed["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agents"}}}]
+    assert {port["port"] for rule in policy["egress"] for port in rule["ports"]} == {53, 6379, 5432}
 
 
 def test_existing_secret_replaces_the_charts_own() -> None:
@@ -436,5 +545,6 @@ def test_the_suite_runs_on_the_pinned_versions_and_the_image_installs_them() -> 
     installed = {name: importlib.metadata.version(name) for name, _ in pins}
     assert installed == dict(pins)  # scripts/bootstrap installed exactly these
     assert "uvicorn" in installed and "redis" in installed
-    assert any(line.startswith("RUN ") and "pip install . -c constraints.txt" in line for line in dockerfile_lines())
+    install = 'pip install ".[server]" -c constraints.txt'  # the daemon's extra, at the pinned versions
+    assert any(line.startswith("RUN ") and install in line for line in dockerfile_lines())
     assert "constraints.txt" in next(line for line in dockerfile_lines() if line.startswith("COPY pyproject.toml"))

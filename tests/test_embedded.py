@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import time
@@ -157,6 +159,51 @@ def test_the_embedded_postgres_changes_nothing_outside_its_directory(tmp_path: P
         server.stop()
     assert {path: path.stat().st_mode for path in (tmp_path, home)} == before
     assert home.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs Postgres as another user (`pgserver`)")
+def test_as_root_postgres_installed_in_a_private_home_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The repository (and so pgserver's binaries) in root's 0700 home: `pgserver` cannot execute them there."""
+    from memento_sessions.embedded import postgres
+
+    home = tmp_path / "root-home"
+    home.mkdir(mode=0o700)
+    home.chmod(0o700)
+    site = home / "app" / ".venv" / "site-packages"  # the wheel's layout: the binaries' rpath leads to its libs
+    private_install = site / "pgserver" / "pginstall"
+    shutil.copytree(postgres._bin_dir().parent, private_install, symlinks=True)
+    shutil.copytree(postgres._bin_dir().parent.parent.parent / "pgserver.libs", site / "pgserver.libs")
+    monkeypatch.setattr(postgres, "_bin_dir", lambda: private_install / "bin")
+    before = {path: path.stat().st_mode for path in (tmp_path, home, private_install)}
+    server = postgres.EmbeddedPostgres(home / "app" / "data" / "postgres")
+    server.start()
+    try:
+        assert anyio.run(fetch, server.url, "SELECT 1") == 1
+        assert server.proc is not None
+        running = Path(f"/proc/{server.proc.pid}/exe").resolve()
+        assert not running.is_relative_to(home), running
+        assert running.stat().st_uid == 0 and running.parent.stat().st_mode & 0o777 == 0o755
+    finally:
+        server.stop()
+    assert {path: path.stat().st_mode for path in (tmp_path, home, private_install)} == before
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root runs Postgres as another user (`pgserver`)")
+def test_as_root_an_install_that_cannot_be_shared_is_one_clear_error(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from memento_sessions.embedded import postgres
+    from memento_sessions.errors import EmbeddedStartError
+
+    home = tmp_path / "root-home"
+    home.mkdir(mode=0o700)
+    private_bin = home / "site-packages" / "pgserver" / "pginstall" / "bin"
+    private_bin.mkdir(parents=True)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(postgres, "_bin_dir", lambda: private_bin)
+    monkeypatch.setattr(postgres, "SHARED_INSTALLS", tmp_path / "a-file" / "shared")  # cannot be made
+    with pytest.raises(EmbeddedStartError, match="MEMENTO_POSTGRES_DSN") as raised:
+        postgres.EmbeddedPostgres(home / "data" / "postgres")
+    assert "'pgserver'" in str(raised.value) and str(private_bin.parent) in str(raised.value)
 
 
 def test_a_cluster_made_with_trust_authentication_gets_a_password(tmp_path: Path) -> None:

@@ -429,13 +429,19 @@ def test_hook_tool_events_share_the_transcripts_ids() -> None:
 
 def test_hook_test_outcomes_from_post_tool_use_and_its_failure() -> None:
     run = {"command": "pytest -q"}
+    unknown, _ = convert_hook(hook("PostToolUse", tool_name="Bash", tool_input=run, tool_use_id="b0",
+                                   tool_response={"stdout": "1 passed", "stderr": "", "interrupted": False}))
     passed, _ = convert_hook(hook("PostToolUse", tool_name="Bash", tool_input=run, tool_use_id="b1",
-                                  tool_response={"stdout": "1 passed", "stderr": "", "interrupted": False}))
+                                  tool_response={"stdout": "1 passed", "stderr": "", "exit_code": 0}))
+    nonzero, _ = convert_hook(hook("PostToolUse", tool_name="Bash", tool_input=run, tool_use_id="b4",
+                                   tool_response={"stdout": "1 failed", "stderr": "", "exitCode": 2}))
     failed, _ = convert_hook(hook("PostToolUseFailure", tool_name="Bash", tool_input=run, tool_use_id="b2",
                                   error="Exit code 1\n1 failed"))
     stopped, _ = convert_hook(hook("PostToolUse", tool_name="Bash", tool_input=run, tool_use_id="b3",
                                    tool_response={"stdout": "", "stderr": "", "interrupted": True}))
-    assert [e["type"] for e in passed] == ["block:upsert", "test_pass"]
+    assert [e["type"] for e in unknown] == ["block:upsert"]  # no exit code: the outcome is unknown, not a pass
+    assert [e["type"] for e in passed] == ["block:upsert", "test_pass"] and passed[1]["data"]["exitCode"] == 0
+    assert [e["type"] for e in nonzero] == ["block:upsert", "broke"] and nonzero[1]["data"]["exitCode"] == 2
     assert passed[0]["data"]["block"]["output"] == "1 passed"
     assert [e["type"] for e in failed] == ["block:upsert", "broke"] and failed[1]["data"]["exitCode"] == 1
     assert [e["type"] for e in stopped] == ["block:upsert"]

@@ -8,6 +8,8 @@ scripts/bootstrap puts the project's own things (.venv), so a second run finds t
   that copy is absent and npm is not there to make it.
 - docker compose: the `docker compose` plugin or a `docker-compose` on PATH; else, as root, Debian's
   docker-compose package (apt-get install --no-install-recommends).
+- promtool: on PATH; else, as root, from Debian's prometheus package (apt-get install --no-install-recommends),
+  said on stderr when it happens.
 - kubernetes-validate and PyYAML: pip-installed into the running interpreter's environment when missing.
 
 `python -m tests.tools` installs all three up front and prints where they are.
@@ -126,6 +128,33 @@ def _install_compose() -> list[str]:
     return found
 
 
+def promtool() -> str:
+    """Prometheus's promtool, which checks and unit-tests the alert rules."""
+    found = shutil.which("promtool")
+    if found is None:
+        with _install_lock():
+            found = shutil.which("promtool") or _install_promtool()
+    return found
+
+
+def _install_promtool() -> str:
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        raise ToolMissing("no promtool on PATH, and apt-get as root is not available to install Debian's prometheus "
+                          "package (which ships it)")
+    print("tests: installing promtool with `apt-get install prometheus` (Debian's package ships it)",
+          file=sys.__stderr__)
+    install = (apt, "install", "-y", "--no-install-recommends", "prometheus")
+    result = _run(*install)
+    if result.returncode != 0:
+        _run(apt, "update")
+        result = _run(*install)
+    found = shutil.which("promtool")
+    if found is None:
+        raise ToolMissing(f"apt-get install prometheus gave no promtool: {result.stderr.strip()[-500:]}")
+    return found
+
+
 def python_module(name: str) -> ModuleType:
     """Import a test-only module, pip-installing the packages of PYTHON_PACKAGES on first need."""
     try:
@@ -144,7 +173,7 @@ def python_module(name: str) -> ModuleType:
 def main() -> int:
     """Install every tool and print where each is; exit 1 when one cannot be had."""
     status = 0
-    for name, getter in (("helm", helm), ("compose", compose),
+    for name, getter in (("helm", helm), ("compose", compose), ("promtool", promtool),
                          ("kubernetes_validate", lambda: python_module("kubernetes_validate").__file__)):
         try:
             print(f"{name}: {getter()}")

@@ -145,7 +145,7 @@ class SessionBridge:
         if not ids:
             return []
         rows = await self.graphs.rows(ns, HANDOFF_CONTEXT, {"ids": list(ids)})
-        found = {eid: {"entityId": eid, "related": related_view(related), "lastAnchor": last}
+        found = {eid: {"entityId": eid, "related": related_view(related), "lastAnchor": last and iso_stamped(last)}
                  for eid, related, last in rows}
         return [found[eid] for eid in ids if eid in found]
 
@@ -202,4 +202,13 @@ def cluster_anchors(pairs: Sequence[Sequence[Any]]) -> list[Anchor]:
             continue
         anchor = merged.setdefault(str(props.get("checkpointId")), {**props, "entityIds": []})
         anchor["entityIds"] = sorted({*anchor["entityIds"], entity})
-    return sorted(merged.values(), key=lambda a: (-stamp(a), str(a.get("checkpointId"))))
+    return [iso_stamped(a) for a in sorted(merged.values(), key=lambda a: (-stamp(a), str(a.get("checkpointId"))))]
+
+
+def iso_stamped(anchor: Anchor) -> Anchor:
+    """An anchor as a reply shows it: its timestamp as ISO-8601 text, as every method's (the graph keeps it in
+    epoch ms)."""
+    value = anchor.get("timestamp")
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return {**anchor, "timestamp": iso(int(value))}
+    return anchor

@@ -158,10 +158,26 @@ class VList {
 }
 
 function span(text, cls) {
+  // Event content is only ever text (textContent, never markup), whatever a client stored in it.
   const el = document.createElement("span");
-  el.textContent = text;
+  el.textContent = typeof text === "string" ? text : asText(text);
   if (cls) el.className = cls;
   return el;
+}
+
+function asText(value, max = 200) {
+  // Any stored value as a short line of text: a string as it is, anything else as JSON.
+  let text;
+  try { text = typeof value === "string" ? value : JSON.stringify(value) ?? ""; } catch { text = String(value); }
+  return text.length > max ? `${text.slice(0, max)}…` : text;
+}
+
+function list(value) {
+  return Array.isArray(value) ? value : [];
+}
+
+function isObject(value) {
+  return typeof value === "object" && value !== null && !Array.isArray(value);
 }
 
 function clock(iso) {
@@ -231,20 +247,36 @@ function upsert(view) {
 }
 
 async function loadSessions() {
+  // The status filter is asked of the daemon: suspended, completed and archived sessions are listed only when
+  // asked for by status (the default listing is the live sessions).
+  const status = app.filter.status;
   const seen = [];
   let cursor = null;
   for (let page = 0; page < MAX_PAGES; page++) {
-    const params = cursor ? { limit: LIST_PAGE, cursor } : { limit: LIST_PAGE };
+    const params = { limit: LIST_PAGE, ...(status ? { status } : {}), ...(cursor ? { cursor } : {}) };
     const result = await app.rpc.call("session.list", params);
-    for (const view of result.sessions) { upsert(view); seen.push(view.sessionId); }
+    if (status !== app.filter.status) return;  // the filter changed meanwhile: its own listing is under way
+    for (const view of list(result.sessions)) { upsert(view); seen.push(view.sessionId); }
     cursor = result.nextCursor;
     if (!cursor) break;
   }
   const listed = new Set(seen);
-  for (const id of app.sessions.keys()) if (!listed.has(id)) app.sessions.delete(id);  // expired or deleted
-  app.order = seen;
+  const kept = [];
+  for (const [id, s] of app.sessions) {
+    if (listed.has(id)) continue;
+    // A session suspended while the page is open stays, shown as suspended (the live listing leaves it out).
+    if (!status && s.status === "suspended" && s.suspendedHere) kept.push(id);
+    else app.sessions.delete(id);  // expired or deleted
+  }
+  app.order = [...seen, ...kept];
   sample();
   frame();
+}
+
+function suspendedHere(id, status) {
+  // A status learnt live (a notification); a suspension is remembered so that the next poll keeps the row.
+  const s = app.sessions.get(id);
+  if (s) upsert({ ...s, status, suspendedHere: status === "suspended" });
 }
 
 function sample() {
@@ -299,6 +331,8 @@ function announced(note) {
     app.order.unshift(note.sessionId);
   } else if (note.type === "completed" && app.sessions.has(note.sessionId)) {
     upsert({ ...app.sessions.get(note.sessionId), state: "completed" });
+  } else if (note.type === "suspended" || note.type === "resumed") {
+    suspendedHere(note.sessionId, note.type === "suspended" ? "suspended" : "active");
   }
   frame();
   schedulePoll(250);
@@ -313,7 +347,7 @@ function visibleSessions() {
     if (!s) continue;
     if (state && s.state !== state) continue;
     if (status && (s.status || (s.state === "completed" ? "completed" : "active")) !== status) continue;
-    if (needle && !s.agentIds.some((a) => a.toLowerCase().includes(needle))) continue;
+    if (needle && !list(s.agentIds).some((a) => String(a).toLowerCase().includes(needle))) continue;
     out.push(s);
   }
   return out;
@@ -323,11 +357,13 @@ function fillSession(row, s) {
   row.className = `row row-grid session ${s.state}` + (app.detail && app.detail.id === s.sessionId ? " selected" : "");
   row.dataset.session = s.sessionId;
   row.dataset.state = s.state;
+  row.dataset.status = s.status || "";
   row.dataset.seq = String(s.seq);
+  const status = s.status && s.status !== "active" && s.status !== s.state ? ` · ${s.status}` : "";
   row.replaceChildren(
     span(s.sessionId, "sid"),
-    span(s.state, `state ${s.state}`),
-    span(s.agentIds.join(", ") || "—", "agents"),
+    span(s.state + status, `state ${s.state}`),
+    span(list(s.agentIds).join(", ") || "—", "agents"),
     span(String(s.seq), "num"),
     span((s.lastType ? s.lastType + " · " : "") + ago(s.updatedAt), "dim"),
   );
@@ -394,8 +430,10 @@ function onEvent(p) {
   }
   if (!d || p.sessionId !== d.id || p.seq <= d.lastSeq) return;
   d.lastSeq = p.seq;
-  d.state = stateOf(p.event, d.state || (s && s.state) || "working");
-  d.items.push({ key: p.seq, seq: p.seq, event: p.event });
+  // The timeline replays from seq 0, so the state before its first event is a new session's.
+  const before = d.state || "working";
+  d.state = stateOf(p.event, before);
+  d.items.push({ key: p.seq, seq: p.seq, event: p.event, changed: d.state !== before });
   if (d.items.length > MAX_EVENTS) d.items.splice(0, d.items.length - MAX_EVENTS);
   noteEntities(d, p.event);
   if (p.event.type === "conflict") markConflicted(d, p.event);
@@ -419,6 +457,7 @@ function leasesSoon() {
 function markConflicted(d, e) {
   // The conflict event names the seq of the emit that touched a leased entity: that row is marked too.
   const seq = e.data && e.data.seq;
+  if (typeof seq !== "number") return;
   for (let i = d.items.length - 1; i >= 0; i--) {
     const it = d.items[i];
     if (it.event && it.seq === seq) { d.items[i] = { ...it, conflicted: true }; break; }
@@ -435,32 +474,38 @@ function onCheckpoint(p) {
 }
 
 function conflictText(data) {
-  const found = (data && data.conflicts) || [];
-  const held = found.slice(0, 2).map((c) => `${c.entityId}${c.via ? ` (via ${c.via})` : ""} held by ${c.heldBy} ` +
-    `(${c.mode})`);
-  return `seq ${data && data.seq} touched ${held.join(", ")}${found.length > 2 ? ` +${found.length - 2}` : ""}`;
+  // Whatever the event holds: a conflict that is not the daemon's shape is shown as its text, never thrown on.
+  const found = list(isObject(data) ? data.conflicts : null);
+  const held = found.slice(0, 2).map((c) => isObject(c) ? `${asText(c.entityId)}${c.via ? ` (via ${asText(c.via)})` : ""}` +
+    ` held by ${asText(c.heldBy)} (${asText(c.mode)})` : asText(c));
+  const seq = isObject(data) && data.seq !== undefined ? asText(data.seq) : "?";
+  return `seq ${seq} touched ${held.join(", ")}${found.length > 2 ? ` +${found.length - 2}` : ""}`;
 }
 
 function summary(e) {
+  if (!isObject(e)) return asText(e);
   if (e.type === "conflict") return conflictText(e.data);
   const parts = [];
   const ci = e.changeInfo;
-  if (ci) {
-    const ids = ci.entityIds || [];
-    parts.push([ci.operation, ci.elementType].filter(Boolean).join(" ") + (ids.length ? ` ${ids.slice(0, 3).join(", ")}` : "") +
-      (ids.length > 3 ? ` +${ids.length - 3}` : ""));
+  if (isObject(ci)) {
+    const ids = list(ci.entityIds).map((id) => asText(id));
+    parts.push([ci.operation, ci.elementType].filter(Boolean).map((v) => asText(v)).join(" ") +
+      (ids.length ? ` ${ids.slice(0, 3).join(", ")}` : "") + (ids.length > 3 ? ` +${ids.length - 3}` : ""));
   }
-  if (e.stateTransition) parts.push(`${e.stateTransition.from || "?"} → ${e.stateTransition.to}`);
-  if (e.impact && e.impact.severity) parts.push(`impact ${e.impact.severity}`);
-  if (e.impact && typeof e.impact.perfDelta === "number") parts.push(`perf ${e.impact.perfDelta}ms`);
+  const st = e.stateTransition;
+  if (isObject(st)) parts.push(`${st.from ? asText(st.from) : "?"} → ${asText(st.to)}`);
+  const impact = isObject(e.impact) ? e.impact : {};
+  if (impact.severity) parts.push(`impact ${asText(impact.severity)}`);
+  if (typeof impact.perfDelta === "number") parts.push(`perf ${impact.perfDelta}ms`);
   return parts.join(" · ");
 }
 
-function kindOf(e) {
+function kindOf(item) {
+  // A transition is drawn where the session's state changed (a test_pass while working changes nothing).
+  const e = item.event;
   if (e.type === "conflict") return "conflict";
   if (e.type === "checkpoint") return "checkpoint";
-  if (e.stateTransition || e.type === "broke" || e.type === "test_pass") return "transition";
-  return "";
+  return item.changed ? "transition" : "";
 }
 
 function fillEvent(row, item) {
@@ -472,13 +517,18 @@ function fillEvent(row, item) {
     return;
   }
   const e = item.event;
-  const kind = kindOf(e);
-  const broken = stateOf(e, "") === "broken" ? "broken" : "";
-  row.className = ["row", "ev", kind, broken, item.conflicted ? "conflicted" : ""].filter(Boolean).join(" ");
   row.dataset.seq = String(item.seq);
-  row.dataset.type = e.type;
-  row.replaceChildren(span(String(item.seq), "num"), span(clock(e.timestamp), "dim time"), span(e.actor || "", "actor"),
-    span(e.type, "type"), span(summary(e), "sum"));
+  row.dataset.type = asText(e.type);
+  try {
+    const broken = stateOf(e, "") === "broken" ? "broken" : "";
+    row.className = ["row", "ev", kindOf(item), broken, item.conflicted ? "conflicted" : ""].filter(Boolean).join(" ");
+    row.replaceChildren(span(String(item.seq), "num"), span(clock(e.timestamp), "dim time"), span(e.actor || "", "actor"),
+      span(e.type, "type"), span(summary(e), "sum"));
+  } catch {
+    // Never a blank row, nor a broken list: the event as text.
+    row.className = "row ev";
+    row.replaceChildren(span(String(item.seq), "num"), span(asText(e.type), "type"), span(asText(e), "sum"));
+  }
 }
 
 // ---------------------------------------------------------------- panels
@@ -488,12 +538,18 @@ function notAvailable(err) {
 }
 
 function lines(box, items, line, empty, data) {
-  // `data` gives each line's data-* attributes (what the tests and a user's devtools look for).
-  box.replaceChildren(...(items.length ? items.map((it) => {
+  // `data` gives each line's data-* attributes (what the tests and a user's devtools look for). A line that
+  // cannot be drawn (a stored value of another shape) shows as text: one bad item never blanks the panel.
+  const all = list(items);
+  box.replaceChildren(...(all.length ? all.map((it) => {
     const p = document.createElement("div");
     p.className = "line";
-    if (data) Object.assign(p.dataset, data(it));
-    p.append(...line(it));
+    try {
+      if (data) Object.assign(p.dataset, data(it));
+      p.append(...line(it));
+    } catch {
+      p.replaceChildren(span(asText(it), "sum"));
+    }
     return p;
   }) : [span(empty, "dim")]));
 }
@@ -594,9 +650,9 @@ function loadHandoff() {
   const box = $("#handoff");
   panel(box, () => app.rpc.call("bridge.handoff", { sessionId: app.detail.id }), (r) => {
     const recent = document.createElement("div");
-    lines(recent, r.recentChanges || [], (c) => [span(`#${c.seq ?? ""} `, "num"), span(c.type || "", "type"), span(` ${summary(c)}`, "sum")], "no changes yet");
+    lines(recent, r.recentChanges, (c) => [span(`#${c.seq ?? ""} `, "num"), span(c.type || "", "type"), span(` ${summary(c)}`, "sum")], "no changes yet");
     const kg = document.createElement("div");
-    lines(kg, r.kgContext || [], (k) => [span(k.entityId, "sid"), span(` related ${(k.related || []).length}`, "dim"),
+    lines(kg, r.kgContext, (k) => [span(k.entityId, "sid"), span(` related ${list(k.related).length}`, "dim"),
       span(k.lastAnchor ? ` last anchor: ${k.lastAnchor.outcome || ""}` : "", "dim")], "no knowledge-graph context");
     const advice = span(typeof r.joiningAdvice === "string" ? r.joiningAdvice : JSON.stringify(r.joiningAdvice ?? ""), "advice");
     advice.id = "advice";
@@ -777,7 +833,7 @@ function renderDetail() {
   setText("#d-title", d.id);
   setText("#d-state", state);
   $("#d-state").className = `state ${state}`;
-  setText("#d-meta", [s && s.status ? `status ${s.status}` : "", s ? `agents ${s.agentIds.join(", ") || "—"}` : "", `seq ${d.lastSeq}`,
+  setText("#d-meta", [s && s.status ? `status ${s.status}` : "", s ? `agents ${list(s.agentIds).join(", ") || "—"}` : "", `seq ${d.lastSeq}`,
     d.epoch ? `epoch ${d.epoch}` : "", d.note].filter(Boolean).join(" · "));
   setText("#tl-count", `${d.items.length} rows`);
   timeline.items = d.items;
@@ -879,9 +935,8 @@ const LIFECYCLE = new Map([["session.suspended", "suspended"], ["session.resumed
 
 function onLifecycle(method, p) {
   // A status change shows at once; a fork or compaction is noted in the timeline's header; the poll confirms.
-  const s = app.sessions.get(p.sessionId);
   const status = LIFECYCLE.get(method);
-  if (s && status) upsert({ ...s, status });
+  if (status) suspendedHere(p.sessionId, status);
   if (app.detail && app.detail.id === p.sessionId) app.detail.note = method.replace("session.", "");
   frame();
   schedulePoll(250);
@@ -910,7 +965,21 @@ $("#sessions").addEventListener("click", (ev) => {
   if (row) openSession(row.dataset.session);
 });
 for (const [sel, key] of [["#f-state", "state"], ["#f-status", "status"], ["#f-agent", "agent"]]) {
-  $(sel).addEventListener("input", (ev) => { app.filter[key] = ev.target.value; frame(); });
+  // `change` too: a keyboard or scripted choice on a select fires only that.
+  for (const kind of ["input", "change"]) $(sel).addEventListener(kind, (ev) => filterBy(key, ev.target.value));
+}
+
+function filterBy(key, value) {
+  if (app.filter[key] === value) return;
+  app.filter[key] = value;
+  if (key === "status") {
+    // Another status is another listing: asked at once, the rows of the previous one dropped.
+    app.sessions.clear();
+    app.order = [];
+    app.lastPoll = null;
+    if (app.rpc && app.rpc.opened) loadSessions().catch(() => {});
+  }
+  frame();
 }
 for (const b of document.querySelectorAll(".tabs button")) b.addEventListener("click", () => showTab(b.dataset.tab));
 $("#timeline").addEventListener("wheel", () => { $("#follow").checked = false; }, { passive: true });

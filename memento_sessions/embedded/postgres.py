@@ -9,6 +9,11 @@ temp dir, has parents only root can traverse. Rather than opening those parents 
 the child is started in the cluster directory (the chdir happens while it is still root) and given
 `/proc/self/cwd` as its data directory: that link leads to the directory without walking its parents,
 and every process Postgres forks inherits the same working directory.
+
+Its binaries need the same care: pgserver's install sits in the virtualenv, which may be in a 0700 home
+too (root's /root/app in a container). As root, when some directory above that install is closed to
+other users, the install is copied once, root-owned and world-readable, to
+/var/lib/memento-sessions/pgserver-<version> (written under a temporary name, then renamed) and run from there.
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import pwd
+import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 from functools import cached_property
+from importlib import metadata
 from pathlib import Path
 
 from memento_sessions.embedded.datadir import server_password
@@ -27,6 +36,7 @@ from memento_sessions.errors import EmbeddedStartError
 
 _SYSTEM_USER = "pgserver"  # postgres refuses to run as root
 _HERE = "/proc/self/cwd"
+SHARED_INSTALLS = Path("/var/lib/memento-sessions")  # root's copies of pgserver's install, by version
 SUPERUSER = "postgres"
 HBA = """# Written by memento-sessions at every start: loopback TCP only, always with a password.
 host all all 127.0.0.1/32 scram-sha-256
@@ -42,6 +52,54 @@ def _bin_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
+def _open_to_others(path: Path) -> bool:
+    """Every directory from / down to `path` lets any user through (o+x)."""
+    return all(parent.stat().st_mode & stat.S_IXOTH for parent in (path, *path.parents))
+
+
+def reachable_bin_dir(bin_dir: Path) -> Path:
+    """`bin_dir`, or as root when another user cannot reach it, the bin of a shared copy of its install."""
+    install = bin_dir.resolve().parent
+    if os.geteuid() != 0 or _open_to_others(install):
+        return bin_dir
+    try:
+        version = metadata.version("pgserver")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    shared = SHARED_INSTALLS / f"pgserver-{version}"
+    shared_bin = shared / "pgserver" / install.name / "bin"
+    if not (shared_bin / "postgres").is_file():
+        try:
+            _copy_install(install, shared)
+        except OSError as exc:
+            raise EmbeddedStartError(
+                f"as root, Postgres runs as the system user {_SYSTEM_USER!r}, which cannot reach {install}; "
+                f"copying it to {shared} failed ({exc}): make {SHARED_INSTALLS} writable, install "
+                "memento-sessions where other users can read it, or set MEMENTO_POSTGRES_DSN") from None
+    return shared_bin
+
+
+def _copy_install(install: Path, shared: Path) -> None:
+    """pginstall and the libraries its binaries find beside the package (rpath $ORIGIN/../../../pgserver.libs),
+    in the same layout; copied under a temporary name, then renamed: a half copy is never found as ready."""
+    shared.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+    partial = Path(tempfile.mkdtemp(prefix=f".{shared.name}.", dir=shared.parent))
+    try:
+        shutil.copytree(install, partial / "pgserver" / install.name, symlinks=True)
+        libs = install.parent.parent / "pgserver.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, partial / libs.name, symlinks=True)
+        for directory, _, _ in os.walk(partial):
+            os.chmod(directory, 0o755)
+        try:
+            partial.rename(shared)
+        except OSError:
+            if not shared.is_dir():  # else another start finished its copy first
+                raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
 class EmbeddedPostgres(ChildServer):
     """Postgres on loopback TCP only, its cluster under `directory/pgdata`, behind a password."""
 
@@ -50,7 +108,7 @@ class EmbeddedPostgres(ChildServer):
 
     def __init__(self, directory: Path, port: int = 0) -> None:
         super().__init__(directory, port)
-        self.bin = _bin_dir()
+        self.bin = reachable_bin_dir(_bin_dir())
         self.pgdata = directory / "pgdata"
 
     @cached_property
@@ -103,8 +161,7 @@ class EmbeddedPostgres(ChildServer):
         os.chown(self.pgdata, entry.pw_uid, entry.pw_gid)
         self._run([str(self.bin / "postgres"), "--version"], user, "the postgres binary",
                   hint=f"as root, Postgres runs as the system user {user!r}, which must be able to read "
-                  f"{self.bin.parent} (install memento-sessions outside a private home, or set "
-                  "MEMENTO_POSTGRES_DSN)")
+                  f"{self.bin.parent} (or set MEMENTO_POSTGRES_DSN to use your own Postgres)")
 
     def _initdb(self, user: str | None) -> None:
         args = [str(self.bin / "initdb"), "-D", self.data_arg, "--auth=scram-sha-256", "-U", SUPERUSER,
@@ -134,11 +191,15 @@ class EmbeddedPostgres(ChildServer):
 
     def _run(self, args: list[str], user: str | None, what: str, stdin: str = "", hint: str = "") -> None:
         """Run one of Postgres's tools to completion as `user`, its output into our log."""
+        hint = hint or f"see {self.log_path}"
         with self.open_log() as out:
-            done = subprocess.run(args, input=stdin.encode(), stdout=out, stderr=subprocess.STDOUT, check=False,
-                                  cwd=self.cwd(), umask=CHILD_UMASK, start_new_session=True, **as_user(user))
+            try:
+                done = subprocess.run(args, input=stdin.encode(), stdout=out, stderr=subprocess.STDOUT, check=False,
+                                      cwd=self.cwd(), umask=CHILD_UMASK, start_new_session=True, **as_user(user))
+            except OSError as exc:  # the binary could not be executed at all (as `user`)
+                raise EmbeddedStartError(f"{what} could not run: {exc}; {hint}") from None
         if done.returncode != 0:
-            raise EmbeddedStartError(f"{what} failed with {done.returncode}; {hint or 'see ' + str(self.log_path)}")
+            raise EmbeddedStartError(f"{what} failed with {done.returncode}; {hint}")
 
     def argv(self) -> list[str]:
         return [

@@ -14,6 +14,10 @@ from typing import Any
 from memento_sessions.ingest import blocks
 from memento_sessions.ingest.events import Converter, Event, Stats, cut, digest, event_id, make_event
 
+# Every hook event the converter reads a meaning from (any other named event becomes a bare metadata:update):
+# the README's settings block registers the hook for each of them.
+HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "SubagentStop",
+               "Stop", "PreCompact", "Notification", "SessionEnd")
 _META = {"SessionStart": ("source", "model"), "SessionEnd": ("reason",),
          "PreCompact": ("trigger", "custom_instructions"), "Notification": ("message", "notification_type", "title")}
 
@@ -83,7 +87,9 @@ class ClaudeHooks(Converter):
             interrupted = extra.get("interrupted") is True or record.get("is_interrupt") is True
             code = extra.get("exit_code", extra.get("exitCode"))
             code = code if isinstance(code, int) and not isinstance(code, bool) else exit_code_of(response)
-            fails = None if interrupted else failed or bool(code)
+            # A failure (PostToolUseFailure, a non-zero exit code) breaks; a zero exit code passes; no exit code
+            # at all is no outcome, not a pass (an interrupted run is none either).
+            fails = None if interrupted else True if failed else None if code is None else bool(code)
             return outcome_event(self.stats, tool, tool_id, tool_input, fails, self.at, code)
         if failed:
             return []

@@ -70,15 +70,19 @@ def unauthorized(reason: str) -> JSONResponse:
                         headers={"WWW-Authenticate": challenge})
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
 def transport_security(settings: Settings) -> TransportSecuritySettings:
-    """Host and Origin must name this daemon: its configured host, 127.0.0.1 or localhost, on its port,
-    or one of MEMENTO_MCP_ALLOWED_HOSTS (a reverse proxy's public name), exactly as given.
+    """Host and Origin must name this daemon: its loopback names on any port (a published port need not be
+    ours: `docker run -p 8766:8765`), its configured host on its port, or one of MEMENTO_MCP_ALLOWED_HOSTS
+    (a reverse proxy's public name), exactly as given. A DNS-rebinding page cannot be served under a loopback name.
 
     With MEMENTO_PORT=0 the port is picked at bind time, after this is built, so any port is accepted.
     """
     port = str(settings.port) if settings.port else "*"
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
-    hosts = [f"{name}:{port}" for name in dict.fromkeys([host, "127.0.0.1", "localhost"])]
+    hosts = list(dict.fromkeys([*LOOPBACK, *(f"{name}:*" for name in LOOPBACK), f"{host}:{port}"]))
     hosts += settings.extra_mcp_hosts
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,

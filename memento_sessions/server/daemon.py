@@ -172,8 +172,7 @@ class Daemon:
                 await self._serve(endpoints_of(self.settings, self.servers), task_status)
             finally:
                 await anyio.to_thread.run_sync(stop_all, self.servers)
-                if self.servers:
-                    remove_runtime(self.settings)
+                remove_runtime(self.settings)
         log.info("daemon stopped")
 
     async def _serve(self, endpoints: Endpoints, task_status: TaskStatus[int]) -> None:
@@ -216,8 +215,7 @@ class Daemon:
             http=handshake_protocol(self.settings.handshake_timeout),
         )
         self._server = _Server(config)
-        if self.servers:
-            write_runtime(self.settings, endpoints, self.port)
+        write_runtime(self.settings, endpoints if self.servers else None, self.port)
         tg.start_soon(self._started, task_status)
         tg.start_soon(keep_alive, self._server.server_state.connections, self.settings.ws_ping_interval)
         settle_gc()

@@ -74,13 +74,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- $svc := include "memento.fullname" . }}
 {{- $port := int .Values.service.port }}
 {{- $hosts := list $svc (printf "%s:%d" $svc $port) (printf "%s.%s" $svc .Release.Namespace) (printf "%s.%s:%d" $svc .Release.Namespace $port) (printf "%s.%s.svc" $svc .Release.Namespace) (printf "%s.%s.svc:%d" $svc .Release.Namespace $port) (printf "%s.%s.svc.cluster.local" $svc .Release.Namespace) (printf "%s.%s.svc.cluster.local:%d" $svc .Release.Namespace $port) }}
-{{- join "," (concat $hosts .Values.mcpAllowedHosts) }}
+{{- range .Values.ingress.hosts }}
+{{- if and $.Values.ingress.enabled .host }}
+{{- $hosts = append $hosts .host }}
+{{- end }}
+{{- end }}
+{{- join "," (uniq (concat $hosts .Values.mcpAllowedHosts)) }}
 {{- end }}
 
 {{/* Refuse values the daemon cannot honour. */}}
 {{- define "memento.validate" -}}
 {{- if le (int .Values.terminationGracePeriodSeconds) (add 10 (int .Values.preStopSeconds) | int) }}
 {{- fail (printf "terminationGracePeriodSeconds (%d) must exceed preStopSeconds (%d) + 10: the daemon takes up to 10 s to close connections and flush checkpoints" (int .Values.terminationGracePeriodSeconds) (int .Values.preStopSeconds)) }}
+{{- end }}
+{{- if and .Values.auth.requireSecret (not .Values.existingSecret) (not .Values.auth.secret) }}
+{{- fail "auth.requireSecret: set existingSecret or auth.secret. Without either the chart generates the auth secret, and a `helm template` render (Argo CD, Flux) cannot look up the one it made before: every render makes a new one, every pod rolls and every token dies at each sync" }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+{{- fail "ingress.enabled needs ingress.hosts (host and paths)" }}
 {{- end }}
 {{- if and .Values.auth.secret (lt (len .Values.auth.secret) 32) }}
 {{- fail "auth.secret must be 32 characters or more" }}
