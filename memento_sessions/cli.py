@@ -198,32 +198,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv is None:  # the console script's process: done, without the interpreter's teardown
             leave(code)
         return code
-    from memento_sessions.errors import ConfigError, DataDirLocked, MementoError
+    from memento_sessions.errors import MementoError
 
     try:
         return _run(given)
-    except (ConfigError, DataDirLocked) as exc:
-        print(f"memento-sessions: {exc}", file=sys.stderr)
-        return 2
-    except ModuleNotFoundError as exc:  # a daemon command on the light install: name the extra it needs
-        from memento_sessions.extras import missing_extra
-
-        if (line := missing_extra(exc)) is None:
-            raise
-        print(f"memento-sessions: {line}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
-    except MementoError as exc:
-        print(f"memento-sessions: {exc}", file=sys.stderr)
-        return 1
-    except (OSError, BaseExceptionGroup) as exc:
-        if broken_pipe(exc):  # the reader went away (`session list | head -1`): done, quietly, as `cat` is
-            return quiet_exit()
-        if not isinstance(exc, OSError):
-            raise
-        print(f"memento-sessions: cannot connect: {exc}", file=sys.stderr)  # one line, not a traceback
-        return 1
+    except (MementoError, ModuleNotFoundError, OSError, BaseExceptionGroup) as exc:
+        return failed(exc)
+
+
+def failed(exc: BaseException) -> int:
+    """A failed command's exit code, after one line on stderr (no traceback); what is a bug is raised again."""
+    from memento_sessions.errors import ConfigError, DataDirLocked, MementoError
+
+    line = None
+    if isinstance(exc, ModuleNotFoundError):  # a daemon command on the light install: name the extra it needs
+        from memento_sessions.extras import missing_extra
+
+        line = missing_extra(exc)
+    elif isinstance(exc, (ConfigError, DataDirLocked, MementoError)):
+        line = str(exc)
+    elif broken_pipe(exc):  # the reader went away (`session list | head -1`): done, quietly, as `cat` is
+        return quiet_exit()
+    elif isinstance(exc, OSError):
+        line = f"cannot connect: {exc}"  # one line, not a traceback
+    if line is None:
+        raise exc
+    print(f"memento-sessions: {line}", file=sys.stderr)
+    return 2 if isinstance(exc, (ModuleNotFoundError, ConfigError, DataDirLocked)) else 1
 
 
 def broken_pipe(exc: BaseException) -> bool:

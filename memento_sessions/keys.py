@@ -113,10 +113,19 @@ class LeaseKeys:
     fence: str
     byagent: str
     alive: str
+    covered: str
+    counts: str
+    xcounts: str
 
     def all(self) -> list[str]:
-        """Every key, as passed to FCALL."""
-        return [self.leases, self.holds, self.expiry, self.fence, self.byagent, self.alive]
+        """Every key, as passed to FCALL (`holds` is the prefix of the per-entity hold zsets)."""
+        return [self.leases, self.holds, self.expiry, self.fence, self.byagent, self.alive, self.covered,
+                self.counts, self.xcounts]
+
+    def hold(self, mode: str, entity_id: str) -> str:
+        """ZSET of an entity's holds of one mode (`<agentId>/<leaseId>/<via>` -> end in ms); the coordination
+        Functions build the same name from `holds`."""
+        return f"{self.holds}:{'x' if mode == 'exclusive' else 's'}:{entity_id}"
 
 
 def coord_base(ns: str) -> str:
@@ -125,20 +134,21 @@ def coord_base(ns: str) -> str:
 
 
 def lease_keys(ns: str) -> LeaseKeys:
-    """Leases (hash), holds per entity (hash), expiries (zset), fencing tokens (hash), `<agent>/<leaseId>`
-    (zset) and when each agent was last seen (zset)."""
+    """Leases (hash), the prefix of the holds of each entity (two zsets per entity), expiries (zset), fencing
+    tokens (hash), `<agent>/<leaseId>` (zset), when each agent was last seen (zset), what each lease covers
+    (hash), and each entity's holds not yet removed, all and exclusive (two hashes)."""
     base = coord_base(ns)
     return LeaseKeys(f"{base}:leases", f"{base}:holds", f"{base}:expiry", f"{base}:fence", f"{base}:byagent",
-                     f"{base}:alive")
+                     f"{base}:alive", f"{base}:covered", f"{base}:counts", f"{base}:xcounts")
 
 
 def role_members(ns: str, role: str) -> str:
-    """SET of the agents that declared `role` (presence.set)."""
+    """SET of the agents whose token grants `role`."""
     return f"{coord_base(ns)}:role:{role}"
 
 
 def agent_roles(ns: str) -> str:
-    """HASH agentId -> the roles it declared, comma-separated."""
+    """HASH agentId -> the roles it declared (presence.set), comma-separated."""
     return f"{coord_base(ns)}:roles"
 
 
@@ -151,6 +161,28 @@ def mailbox_keys(ns: str, agent_id: str) -> tuple[str, str, str]:
     """An agent's mailbox: order (zset messageId -> seq), messages (hash), acked (set)."""
     base = f"{PREFIX}:{ns}:{{{ns}/agent/{agent_id}}}"
     return f"{base}:inbox", f"{base}:messages", f"{base}:acked"
+
+
+def token_roles(ns: str) -> str:
+    """SET of the roles some token seen in the namespace grants: `presence.set` cannot claim them."""
+    return f"{coord_base(ns)}:token-roles"
+
+
+def declared_members(ns: str, role: str) -> str:
+    """SET of the agents that declared `role` with presence.set (a role no token grants)."""
+    return f"{coord_base(ns)}:declared:{role}"
+
+
+def mail_keys(ns: str) -> tuple[str, str]:
+    """A namespace's mail records, one tag `{<ns>/mail}`: its mailboxes (zset agentId -> the unix second its
+    newest message expires) and the agents seen in it (zset agentId -> unix second last seen)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/mail}}"
+    return f"{base}:boxes", f"{base}:known"
+
+
+def mail_body(ns: str, message_id: str) -> str:
+    """STRING: one sent message's sender, subject and body, stored once however many mailboxes hold it."""
+    return f"{PREFIX}:{ns}:{{{ns}/mail}}:body:{message_id}"
 
 
 def presence_key(ns: str, session_id: str) -> str:

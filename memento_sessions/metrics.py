@@ -67,6 +67,9 @@ STALE_LEASE_REFUSALS = Counter("memento_stale_lease_refusals_total", "Emits refu
 MAILBOX_MESSAGES = Counter("memento_mailbox_messages_total", "Mailbox copies sent (stored, or a duplicate id)",
                            ["outcome"])
 MAILBOX_DROPPED = Counter("memento_mailbox_dropped_total", "Oldest messages dropped at MEMENTO_MAILBOX_MAX")
+MAILBOX_REFUSED = Counter("memento_mailbox_refused_total",
+                          "mailbox.send refused: mailbox_limit (MEMENTO_MAILBOXES_MAX), unknown_agent, id_taken",
+                          ["reason"])
 
 COMPACTIONS = Counter("memento_compactions_total", "Session compactions that removed events (manual or automatic)")
 REHYDRATE_SECONDS = Histogram("memento_rehydrate_seconds", "Time to rebuild a session's view at a seq "

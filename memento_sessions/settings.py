@@ -61,10 +61,18 @@ class Settings(BaseSettings):
     handshake_timeout: float = Field(default=10.0, ge=0.1, le=300.0)
     mcp_max_sessions: int = Field(default=100, ge=1, le=100_000)
     presence_idle: float = Field(default=30.0, ge=0.5, le=3600.0)
+    presence_visit: float = Field(default=300.0, ge=1.0, le=86400.0)  # present after a join/emit without staying
     lease_orphan_grace: float = Field(default=60.0, ge=1.0, le=3600.0)
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
+    lease_max_covered: int = Field(default=4096, ge=1, le=100_000)
+    lease_max_holds: int = Field(default=100, ge=1, le=100_000)
+    lease_reply_max: int = Field(default=256, ge=1, le=100_000)
+    lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
+    mailboxes_max: int = Field(default=10_000, ge=1, le=10_000_000)  # agents with a mailbox, per namespace
+    mailbox_unknown_agents: bool = False  # let a send reach an agent never seen in the namespace
+    agents_known_max: int = Field(default=100_000, ge=1, le=10_000_000)  # agents a namespace remembers as seen
     auto_compact: bool = True
     compact_keep: int = Field(default=1000, ge=0, le=100_000_000)
     snapshot_max_bytes: int = Field(default=32 * 1024 * 1024, ge=64 * 1024, le=16 * 1024 * 1024 * 1024)

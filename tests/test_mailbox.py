@@ -25,6 +25,8 @@ pytestmark = pytest.mark.anyio
 
 
 async def test_a_message_to_an_absent_agent_waits_in_its_mailbox(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("b", namespace)):
+        pass  # b has been seen in the namespace, and is gone
     async with rpc(daemon.port, token("a", namespace)) as a:
         sent = await a.call("mailbox.send", {"to": "b", "subject": "hi", "body": {"n": 1}, "id": "m1"})
         assert sent == {"messageId": "m1", "recipients": ["b"]}
@@ -122,6 +124,8 @@ async def test_the_cap_drops_the_oldest_and_reads_page(backend_urls: Endpoints, 
     before = REGISTRY.get_sample_value("memento_mailbox_dropped_total") or 0.0
     async with running(make_settings(backend_urls, tmp_path, mailbox_max=10)) as d, \
             rpc(d.port, token("a", namespace)) as a:
+        async with rpc(d.port, token("b", namespace)):
+            pass  # seen, then gone
         for i in range(15):
             await a.call("mailbox.send", {"to": "b", "body": i})
         assert REGISTRY.get_sample_value("memento_mailbox_dropped_total") == before + 5

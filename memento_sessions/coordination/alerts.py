@@ -16,7 +16,7 @@ from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Encoded, Mailbox
 from memento_sessions.metrics import LEASE_CONFLICT_ALERTS
 from memento_sessions.sessions.manager import SessionManager
-from memento_sessions.sessions.models import EventIn
+from memento_sessions.sessions.models import SYSTEM, EventIn
 
 Result = dict[str, Any]
 
@@ -62,7 +62,8 @@ class Alerts:
             encoded = Encoded.of(message, self.mailbox.settings.mailbox_ttl)
             if await self.mailbox.deliver(who.namespace, conflict["heldBy"], encoded, "lease.conflict"):
                 LEASE_CONFLICT_ALERTS.inc()
-        record = EventIn(id=f"conflict-{seq}", type="conflict", data={"seq": seq, "conflicts": list(conflicts)})
+        record = EventIn.model_validate({"id": f"conflict-{seq}", "type": "conflict",
+                                         "data": {"seq": seq, "conflicts": list(conflicts)}}, context=SYSTEM)
         await self.manager.emit(who, session_id, record)
 
 

@@ -1,13 +1,17 @@
 """Mailboxes: messages to an agent, a role or a session's agents; kept for the absent, pushed to the connected.
 
-A message is stored in each recipient's mailbox by one Function call on that agent's keys (idempotent
-by message id, capped at MEMENTO_MAILBOX_MAX with the oldest dropped and counted) and then published
-on the agent's channel, where every daemon serving one of its connections pushes it at once.
+A send is first recorded once for the namespace (mc_post: its id claimed for its sender, its sender, subject and
+body stored once, its recipients' mailboxes counted against MEMENTO_MAILBOXES_MAX, an agent never seen refused),
+then referenced in each recipient's mailbox by one Function call on that agent's keys (idempotent by message id,
+capped at MEMENTO_MAILBOX_MAX with the oldest dropped and counted) and published on the agent's channel, where
+every daemon serving one of its connections pushes it, body included, at once. A reader gets each reference
+with its body; a conflict alert (alerts.py) is one mailbox's alone and keeps its body in its copy.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,34 +20,52 @@ import pydantic_core
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
+from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.store import CoordStore
-from memento_sessions.errors import NotFound
-from memento_sessions.metrics import MAILBOX_DROPPED, MAILBOX_MESSAGES
+from memento_sessions.errors import Conflict, InvalidParams, NotFound
+from memento_sessions.logs import get_logger
+from memento_sessions.metrics import MAILBOX_DROPPED, MAILBOX_MESSAGES, MAILBOX_REFUSED
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Peer
 from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.settings import Settings
 
+log = get_logger(__name__)
 Result = dict[str, Any]
 MAX_RECIPIENTS = 1000  # agents one role or session send reaches at most
+KNOWN_KEEP = 30 * 86400  # seconds an agent counts as seen after its last request (the longest message ttl)
+KNOWN_REFRESH = 3600.0  # seconds between two writes of one agent's last-seen time by one daemon
+KNOWN_RETRY = 5.0  # seconds before a write that Redis refused is tried again
+MAX_REMEMBERED = 100_000  # agents one daemon remembers as written (cleared past it)
 STORED, DUPLICATES = MAILBOX_MESSAGES.labels("stored"), MAILBOX_MESSAGES.labels("duplicate")
+LIMIT, TAKEN, UNKNOWN = (MAILBOX_REFUSED.labels(reason) for reason in ("mailbox_limit", "id_taken", "unknown_agent"))
 
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """A message as mc_send stores it: its JSON after the `{` (the Function puts `"seq":N,` before it) and the
-    unix second it expires; encoded once however many mailboxes it goes to."""
+    """A message as mc_send stores it: its JSON after the `{` (the Function puts `"seq":N,` before it), what is
+    pushed when that differs (a send's copy is a reference; its push carries the body), and the unix second it
+    expires; encoded once however many mailboxes it goes to."""
 
     message_id: str
     tail: str
     until: int
+    push: str | None = None
 
     @classmethod
     def of(cls, message: Result, ttl: int) -> Encoded:
-        """Stamp `message` (with its messageId) sent now, expiring after `ttl` seconds."""
+        """Stamp `message` (with its messageId) sent now, expiring after `ttl` seconds: stored whole."""
         now = now_ms()
         full = {**message, "sentAt": iso(now), "expiresAt": iso(now + ttl * 1000)}
         return cls(message["messageId"], pydantic_core.to_json(full).decode()[1:], now // 1000 + ttl)
+
+    @classmethod
+    def reference(cls, message: Result, content: Result, ttl: int) -> Encoded:
+        """`message`'s copy for each mailbox, without `content` (subject and body, stored once); pushed whole."""
+        whole = cls.of({**message, **content}, ttl)
+        stamps = pydantic_core.from_json("{" + whole.tail)
+        ref = {key: value for key, value in stamps.items() if key not in content}
+        return cls(whole.message_id, pydantic_core.to_json(ref).decode()[1:], whole.until, whole.tail)
 
 
 class AgentFeed:
@@ -69,6 +91,7 @@ class Mailbox:
         self.settings = settings
         self.fanout = fanout
         self.feeds: dict[str, AgentFeed] = {}
+        self._known: dict[tuple[str, str], float] = {}  # agents written as seen: (namespace, agent) -> until when
 
     async def attach(self, namespace: str, agent: str, peer: Peer) -> None:
         """Push the agent's messages to this connection until it closes."""
@@ -91,8 +114,10 @@ class Mailbox:
     async def recipients(self, who: Identity, to: str) -> list[str]:
         """The agents `to` names: an agent id, `role:<name>` or `session:<id>` (the sender left out of the last two)."""
         kind, _, name = to.partition(":")
-        if kind == "role":
-            members = await self.store.command("SMEMBERS", keys.role_members(who.namespace, name))
+        if kind == "role":  # a role some token grants reaches its tokens' agents; any other, those that declared it
+            by_token = await self.store.command("SISMEMBER", keys.token_roles(who.namespace), name)
+            members = await self.store.command("SMEMBERS", (keys.role_members if by_token else keys.declared_members)(
+                who.namespace, name))
         elif kind == "session":
             skeys = keys.session_keys(who.namespace, name)
             if not await self.store.command("EXISTS", skeys.session):
@@ -104,21 +129,70 @@ class Mailbox:
 
     async def send(self, who: Identity, to: str, body: Any, subject: str | None = None, ttl: int | None = None,
                    message_id: str | None = None) -> Result:
-        """Store the message in every recipient's mailbox and push it to those connected."""
+        """Record the message once, then put a reference to it in every recipient's mailbox and push it to those
+        connected."""
         message_id = message_id or f"msg-{os.urandom(10).hex()}"
         agents = await self.recipients(who, to)
-        message = {"messageId": message_id, "from": who.agent_id, "to": to, "subject": subject, "body": body}
-        encoded = Encoded.of(message, ttl or self.settings.mailbox_ttl)  # the same JSON for every recipient
+        if not agents:
+            return {"messageId": message_id, "recipients": agents}
+        message, content = {"messageId": message_id, "from": who.agent_id, "to": to}, {"subject": subject, "body": body}
+        encoded = Encoded.reference(message, content, ttl or self.settings.mailbox_ttl)  # one JSON for all
+        direct = to.partition(":")[0] not in ("role", "session")
+        await self.post(who, encoded, {"from": who.agent_id, **content}, agents, direct)
         for agent in agents:
             await self.deliver(who.namespace, agent, encoded)
         return {"messageId": message_id, "recipients": agents}
 
+    async def post(self, who: Identity, message: Encoded, content: Result, agents: list[str], direct: bool) -> None:
+        """mc_post: the send's one record (see the module's docstring); a refusal raises its error, writing nothing."""
+        boxes, known = keys.mail_keys(who.namespace)
+        check = direct and not self.settings.mailbox_unknown_agents
+        try:
+            reply = await self.store.call(
+                "mc_post", [keys.mail_body(who.namespace, message.message_id), boxes, known], who.agent_id,
+                pydantic_core.to_json(content).decode(), message.until, self.settings.mailboxes_max,
+                int(time.time()), int(check), *agents)
+        except Conflict:
+            LIMIT.inc()
+            raise
+        if reply == "TAKEN":
+            TAKEN.inc()
+            raise Conflict(f"message id {message.message_id!r} is used by another sender; nothing was sent",
+                           {"reason": "id_taken", "messageId": message.message_id})
+        if str(reply).startswith("UNKNOWN "):
+            UNKNOWN.inc()
+            raise InvalidParams("invalid params", [{"field": "to", "message": (
+                f"no agent {str(reply)[8:]!r} has been seen in this namespace (MEMENTO_MAILBOX_UNKNOWN_AGENTS)")}])
+
+    async def remember(self, who: Identity) -> None:
+        """Note the agent as seen in its namespace (a send to it is no longer to an unknown agent): written once
+        per process and agent, again after KNOWN_REFRESH; a Redis outage is logged and written next time."""
+        agent, now = (who.namespace, who.agent_id), time.monotonic()
+        if self._known.get(agent, 0.0) > now:
+            return
+        known = keys.mail_keys(who.namespace)[1]
+        try:
+            await self.store.command("ZADD", known, int(time.time()), who.agent_id)
+            await self.store.command("EXPIRE", known, KNOWN_KEEP)
+            await self.store.command("ZREMRANGEBYRANK", known, 0, -self.settings.agents_known_max - 1)
+        except UNAVAILABLE as exc:  # tried again in a few seconds, not at every request of an outage
+            log.warning("agent not noted as seen: Redis unavailable", agent_id=who.agent_id, error=repr(exc))
+            self._note(agent, now + KNOWN_RETRY)
+            return
+        self._note(agent, now + KNOWN_REFRESH)
+
+    def _note(self, agent: tuple[str, str], until: float) -> None:
+        if len(self._known) >= MAX_REMEMBERED:
+            self._known.clear()
+        self._known[agent] = until
+
     async def deliver(self, namespace: str, agent: str, message: Encoded, method: str = "mailbox.message") -> bool:
         """Store one message for one agent and push it as `method` (one Function call does both: no message is
         pushed that is not stored); False when that id was stored already."""
+        push = () if message.push is None else (message.push,)
         _, duplicate, dropped = await self.store.call(
             "mc_send", keys.mailbox_keys(namespace, agent), message.message_id, message.tail, self.settings.mailbox_max,
-            message.until, keys.agent_channel(namespace, agent), method)
+            message.until, keys.agent_channel(namespace, agent), method, *push)
         (DUPLICATES if duplicate else STORED).inc()
         if dropped:
             MAILBOX_DROPPED.inc(int(dropped))
@@ -133,7 +207,7 @@ class Mailbox:
             ids = await self.store.command("ZRANGEBYSCORE", order, f"({cursor}", "+inf", "LIMIT", 0, limit + 1)
             if not ids:
                 break
-            found += await self._messages(messages, acked, ids, unread_only)
+            found += await self._messages(who.namespace, messages, acked, ids, unread_only)
             cursor = int(await self.store.command("ZSCORE", order, ids[-1]))
             if len(ids) <= limit:
                 break
@@ -142,17 +216,33 @@ class Mailbox:
             result["nextSince"] = found[limit - 1]["seq"]
         return result
 
-    async def _messages(self, messages: str, acked: str, ids: Sequence[str], unread_only: bool) -> list[Result]:
+    async def _messages(self, namespace: str, messages: str, acked: str, ids: Sequence[str],
+                        unread_only: bool) -> list[Result]:
         raws = await self.store.command("HMGET", messages, *ids)
         read = await self.store.command("SMISMEMBER", acked, *ids)
-        now, out = iso(now_ms()), []
+        now, found = iso(now_ms()), []
         for raw, was_read in zip(raws, read, strict=True):
-            if raw is None:
+            message = pydantic_core.from_json(raw) if raw is not None else None
+            if message is None or message["expiresAt"] <= now or (unread_only and was_read):
                 continue
-            message = pydantic_core.from_json(raw)
-            if message["expiresAt"] <= now or (unread_only and was_read):
-                continue
-            out.append({**message, "read": bool(was_read)})
+            found.append({**message, "read": bool(was_read)})
+        return await self._with_bodies(namespace, found)
+
+    async def _with_bodies(self, namespace: str, found: list[Result]) -> list[Result]:
+        """Each reference joined to its body (one MGET: the bodies share the namespace's mail tag); a message
+        whose body is gone (expired) is left out."""
+        refs = [message["messageId"] for message in found if "body" not in message]
+        if not refs:
+            return found
+        raws = await self.store.command("MGET", *(keys.mail_body(namespace, ref) for ref in refs))
+        bodies = {ref: pydantic_core.from_json(raw) for ref, raw in zip(refs, raws, strict=True) if raw is not None}
+        out = []
+        for message in found:
+            if "body" in message:
+                out.append(message)
+            elif message["messageId"] in bodies:
+                content = bodies[message["messageId"]]
+                out.append({**message, "subject": content["subject"], "body": content["body"]})
         return out
 
     async def ack(self, who: Identity, message_ids: Sequence[str]) -> Result:

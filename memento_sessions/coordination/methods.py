@@ -10,6 +10,7 @@ replaces the graph version that lease grants check their coverage against.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
@@ -31,13 +32,30 @@ from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
 from memento_sessions.rpc import Call, Method, Registry, Result
 from memento_sessions.sessions.methods import Params, SessionParams
-from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId, EventIn, Seq, ShortText
+from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId, EventIn, Seq, ShortText, client_id
 from memento_sessions.sessions.storable import value_problem
 
 log = get_logger(__name__)
 RoleName = Annotated[str, StringConstraints(pattern=ROLE.pattern)]
-Recipient = Annotated[str, StringConstraints(pattern=r"^(role:[A-Za-z0-9._-]{1,64}|session:[A-Za-z0-9._:-]{1,128}|"
-                                             r"[A-Za-z0-9._:-]{1,128})$")]
+AGENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def check_recipient(value: str) -> str:
+    """`role:<name>`, `session:<id>` or an agent id. What starts `role:` or `session:` is always read as one, so
+    `role:`, `role:a:b` or a role name over 64 characters is an error, never an agent of that odd name."""
+    kind, colon, name = value.partition(":")
+    if colon and kind == "role":
+        if not ROLE.fullmatch(name):
+            raise ValueError("role:<name> needs a name of [A-Za-z0-9._-], 1..64 characters")
+    elif colon and kind == "session":
+        if not AGENT.fullmatch(name):
+            raise ValueError("session:<id> needs an id of [A-Za-z0-9._:-], 1..128 characters")
+    elif not AGENT.fullmatch(value):
+        raise ValueError("an agent id is [A-Za-z0-9._:-], 1..128 characters")
+    return value
+
+
+Recipient = Annotated[str, AfterValidator(check_recipient)]
 
 
 def check_body(value: JsonValue) -> JsonValue:
@@ -88,7 +106,7 @@ class SendParams(Params):
     subject: ShortText | None = None
     body: Annotated[JsonValue, AfterValidator(check_body)]
     ttl: int | None = Field(default=None, ge=60, le=30 * 86400)
-    id: ClientId | None = None
+    id: Annotated[ClientId, AfterValidator(client_id)] | None = None  # never one of the daemon's own alert ids
 
 
 class ReadParams(Params):
@@ -110,6 +128,7 @@ def register(registry: Registry, coord: Coordination) -> None:
         registry.add(name, params, handler, scope)
     hook(registry, coord)
     registry.on_connect.append(coord.connect)
+    registry.on_connect.append(lambda call: coord.mailbox.remember(call.identity))  # a send may reach it now
 
 
 def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]:
@@ -163,6 +182,8 @@ def hook(registry: Registry, coord: Coordination) -> None:
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=True))
     for name in ("session.leave", "session.unsubscribe"):
         wrap(registry, name, lambda inner: presence_hook(coord, inner, enter=False))
+    for name in ("session.join", "event.emit", "event.emitBatch"):
+        wrap(registry, name, lambda inner: visit_hook(coord, inner))
     wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
     wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
     wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
@@ -175,6 +196,7 @@ def hook(registry: Registry, coord: Coordination) -> None:
 def activity_hook(coord: Coordination, inner: Handler) -> Handler:
     async def handler(call: Call, params: Any) -> Result:
         await coord.seen(call)
+        await coord.mailbox.remember(call.identity)  # a dict lookup, but for an agent's first call an hour
         return await inner(call, params)
     return handler
 
@@ -185,6 +207,23 @@ def presence_hook(coord: Coordination, inner: Handler, *, enter: bool) -> Handle
         conn = await coord.seen(call)
         if conn is not None:
             await (coord.presence.enter if enter else coord.presence.exit)(conn, params.sessionId)
+        if not enter:
+            await coord.presence.unvisit(call.identity.namespace, params.sessionId, call.identity.agent_id)
+        return result
+    return handler
+
+
+def visit_hook(coord: Coordination, inner: Handler) -> Handler:
+    """A join or emit makes its agent present in the session however it came (MCP, the hook, ingest), unless a
+    connection of it already stands there (presence.py)."""
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        conn = coord.presence.conns.get(call.peer.conn_id) if call.peer is not None else None
+        if conn is None or params.sessionId not in conn.sessions:
+            try:
+                await coord.presence.visit(call.identity.namespace, params.sessionId, call.identity.agent_id)
+            except UNAVAILABLE as exc:  # the write is done: its reply must not fail (the beat writes the field)
+                log.warning("presence of a visit not written yet", agent_id=call.identity.agent_id, error=repr(exc))
         return result
     return handler
 

@@ -1,6 +1,8 @@
 """Presence: which agents are in a session, active or idle, across every daemon on one Redis.
 
-An agent is present in a session while one of its connections has joined or subscribed to it. Each
+An agent is present in a session while one of its connections has joined or subscribed to it, and for
+MEMENTO_PRESENCE_VISIT seconds after it joined or emitted there any other way (an MCP tool call, the Claude Code
+hook's or ingest's short connections: a visit, ended early by session.leave). Each
 daemon writes, per session, one field per agent it serves (`<agentId>/<daemonId>`: connections, last
 request, heartbeat) and refreshes it every heartbeat; a field whose heartbeat is older than STALE_BEATS
 heartbeats belongs to a daemon that died and counts as gone. The same heartbeat keeps each connected
@@ -23,6 +25,7 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE, out_of_memory
 from memento_sessions.coordination.store import CoordStore
+from memento_sessions.errors import Forbidden
 from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
 from memento_sessions.rpc import Call, Peer, encode_notification
@@ -32,6 +35,7 @@ from memento_sessions.settings import Settings
 log = get_logger(__name__)
 Result = dict[str, Any]
 STALE_BEATS = 3  # heartbeats missed before another daemon's field counts as gone
+MAX_VISITS = 100_000  # visits one daemon keeps (the oldest made dropped past it)
 ALIVE_BATCH = 1000  # agents per ZADD of the heartbeat: one call stays short for Redis's other clients
 WRITE_BATCH = 256  # presence fields a beat writes at once (their commands share the pipelined connection's writes)
 POOLED_BATCH = 8  # at once without that connection (each concurrent command takes a pooled connection)
@@ -63,6 +67,8 @@ class Presence:
         self.conns: dict[str, Conn] = {}
         self.seen: set[tuple[str, str]] = set()  # agents that called without a connection (MCP) since the last beat
         self._token_roles: dict[tuple[str, str], tuple[frozenset[str], float]] = {}  # written: roles, until when
+        self.visit_ms = int(settings.presence_visit * 1000)
+        self.visits: dict[tuple[str, str, str], int] = {}  # (namespace, session, agent) -> its last visit (ms)
         self.spawn: Spawn | None = None
 
     def touch(self, call: Call) -> Conn | None:
@@ -94,9 +100,35 @@ class Presence:
             return
         before = await self._present(conn.namespace, session_id, conn.agent)
         conn.sessions.add(session_id)
+        self.visits.pop((conn.namespace, session_id, conn.agent), None)  # the connection stands for it from now
         await self._write(conn.namespace, session_id, conn.agent)
         if not before:
             await self._publish(conn.namespace, session_id, conn.agent, "joined")
+
+    async def visit(self, namespace: str, session_id: str, agent: str) -> None:
+        """The agent joined or emitted in the session without a connection staying there: present for
+        MEMENTO_PRESENCE_VISIT seconds from now. Only a new visit costs Redis calls; the beat refreshes the rest."""
+        key = (namespace, session_id, agent)
+        new = key not in self.visits
+        self.visits[key] = now_ms()
+        if len(self.visits) > MAX_VISITS:
+            self.visits.pop(next(iter(self.visits)))  # the oldest visit made (its field expires by itself)
+        if new:
+            before = await self._present(namespace, session_id, agent)
+            await self._write(namespace, session_id, agent)
+            if not before:
+                await self._publish(namespace, session_id, agent, "joined")
+
+    async def unvisit(self, namespace: str, session_id: str, agent: str) -> None:
+        """The agent left the session: its visit ends now."""
+        if self.visits.pop((namespace, session_id, agent), None) is not None:
+            await self._gone(namespace, session_id, agent)
+
+    async def _end_visits(self, now: int) -> None:
+        """Visits older than MEMENTO_PRESENCE_VISIT end (`left` when nothing else keeps the agent there)."""
+        for key in [key for key, at in self.visits.items() if now - at >= self.visit_ms]:
+            del self.visits[key]
+            await self._gone(*key)
 
     async def exit(self, conn: Conn, session_id: str) -> None:
         """The connection left or unsubscribed from the session."""
@@ -132,10 +164,12 @@ class Presence:
         """This daemon's field of the agent in the session: written while it has connections there, else removed."""
         key, name, local = keys.presence_key(namespace, session_id), f"{agent}/{self.daemon}", \
             self._local(namespace, session_id, agent, among)
-        if not local:
+        visit = self.visits.get((namespace, session_id, agent))
+        if not local and visit is None:
             await self.store.command("HDEL", key, name)
             return
-        value = pydantic_core.to_json({"c": len(local), "r": max(c.last_request for c in local), "h": now_ms()})
+        last = max([c.last_request for c in local] + [visit or 0])
+        value = pydantic_core.to_json({"c": len(local), "r": last, "h": now_ms()})
         await self.store.command("HSET", key, name, value.decode())
         await self.store.command("PEXPIRE", key, int(self.beat * 1000 * STALE_BEATS * 4))
 
@@ -208,6 +242,7 @@ class Presence:
         alive = {(c.namespace, c.agent) for c in self.conns.values()} | self.seen
         self.seen = set()
         await self._keep_alive(alive, now)
+        await self._end_visits(now)
         await self._write_fields(self._fields())
         for conn in list(self.conns.values()):
             if not conn.idle and now - conn.last_request >= self.idle_ms:
@@ -222,6 +257,8 @@ class Presence:
         for conn in self.conns.values():
             for session_id in conn.sessions:
                 fields.setdefault((conn.namespace, session_id, conn.agent), []).append(conn)
+        for key in self.visits:
+            fields.setdefault(key, [])
         return fields
 
     async def _write_fields(self, fields: dict[tuple[str, str, str], list[Conn]]) -> None:
@@ -259,28 +296,42 @@ class Presence:
             await self.store.command("EXPIRE", key, 7200)
 
     async def set_roles(self, who: Identity, roles: list[str]) -> Result:
-        """Declare the caller's roles (replacing those it declared before; its token's roles stay):
-        mailbox.send to `role:<name>` reaches it."""
-        namespace, agent, kept = who.namespace, who.agent_id, set(roles) | who.roles
+        """Declare the caller's roles (replacing those it declared before; its token's roles stay): mailbox.send
+        to `role:<name>` reaches it. A role some token grants is the tokens' alone: declaring it without holding
+        it is Forbidden, naming it."""
+        namespace, agent = who.namespace, who.agent_id
+        declared = [role for role in dict.fromkeys(roles) if role not in who.roles]
+        if declared:
+            granted = await self.store.command("SMISMEMBER", keys.token_roles(namespace), *declared)
+            taken = [role for role, by_token in zip(declared, granted, strict=True) if by_token]
+            if taken:
+                raise Forbidden("roles granted by tokens cannot be declared", [
+                    {"field": f"roles.{roles.index(role)}", "message": f"{role!r} is granted by tokens and this "
+                     "token does not grant it"} for role in taken])
         old = await self.store.command("HGET", keys.agent_roles(namespace), agent)
-        gone = [role for role in (old or "").split(",") if role and role not in kept]
+        gone = [role for role in (old or "").split(",") if role and role not in declared]
         await asyncio.gather(
-            *(self.store.command("SREM", keys.role_members(namespace, role), agent) for role in gone),
-            self._add_roles(namespace, agent, kept),
-            self.store.command("HSET", keys.agent_roles(namespace), agent, ",".join(roles)),
+            *(self.store.command("SREM", keys.declared_members(namespace, role), agent) for role in gone),
+            *(call for role in declared for call in (
+                self.store.command("SADD", keys.declared_members(namespace, role), agent),
+                self.store.command("EXPIRE", keys.declared_members(namespace, role), ROLE_TTL))),
+            self.store.command("HSET", keys.agent_roles(namespace), agent, ",".join(declared)),
             self.store.command("EXPIRE", keys.agent_roles(namespace), ROLE_TTL))
-        return {"agentId": agent, "roles": sorted(kept)}
+        return {"agentId": agent, "roles": sorted(set(roles) | who.roles)}
 
     async def token_roles(self, who: Identity) -> None:
-        """Make the agent a member of its token's roles; written once per process and agent (again when its
-        roles differ or ROLE_REFRESH has passed), so a connect or an MCP call costs no Redis call after that."""
+        """Make the agent a member of its token's roles, and those roles the tokens' (no presence.set claims them);
+        written once per process and agent (again when its roles differ or ROLE_REFRESH has passed), so a
+        connect or an MCP call costs no Redis call after that."""
         if not who.roles:
             return
         agent, now = (who.namespace, who.agent_id), time.monotonic()
         known = self._token_roles.get(agent)
         if known is not None and known[0] == who.roles and known[1] > now:
             return
-        await self._add_roles(who.namespace, who.agent_id, who.roles)
+        await asyncio.gather(self._add_roles(who.namespace, who.agent_id, who.roles),
+                             self.store.command("SADD", keys.token_roles(who.namespace), *sorted(who.roles)),
+                             self.store.command("EXPIRE", keys.token_roles(who.namespace), ROLE_TTL))
         if len(self._token_roles) >= MAX_REMEMBERED:
             self._token_roles.clear()
         self._token_roles[agent] = (who.roles, now + ROLE_REFRESH)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, NotRequired
 
 import annotated_types
-from pydantic import BaseModel, ConfigDict, Field, with_config
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, with_config
 from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
 from memento_sessions.bridge.methods import IsolateParams, OutcomesParams
@@ -58,33 +58,33 @@ EntityIds = Annotated[list[EntityId] | None, Bounds(CreateParams, "entityIds"), 
                 "knowledge graph.")]
 NewSessionId = Annotated[ClientId | None, Field(description="Your own id for the session; omit it to get "
                                                             "'sess-<uuid>'.")]
-Ttl = Annotated[int | None, Bounds(CreateParams, "ttl"), Field(
+Ttl = Annotated[StrictInt | None, Bounds(CreateParams, "ttl"), Field(
     description="Seconds of inactivity before the session expires, at most the daemon's default; omit for "
                 "that default.")]
 Labels = Annotated[dict[LabelKey, LabelValue] | None, Bounds(CreateParams, "labels"), Field(
     description="Free key/value labels, e.g. {\"task\": \"fix-login\"}.")]
 Event = Annotated[EventIn, Field(description="The event: at least its type; the server adds seq, actor (you), "
                                             "sessionId and, when absent, timestamp.")]
-Condensed = Annotated[bool, Field(description="True for a summary (counts, entities, transitions, perfDelta) "
+Condensed = Annotated[StrictBool, Field(description="True for a summary (counts, entities, transitions, perfDelta) "
                                               "instead of every event.")]
-Since = Annotated[int, Bounds(GetParams, "since"), Field(description=since_text("events"))]
-Limit = Annotated[int | None, Bounds(GetParams, "limit"), Field(description=limit_text("events"))]
+Since = Annotated[StrictInt, Bounds(GetParams, "since"), Field(description=since_text("events"))]
+Limit = Annotated[StrictInt | None, Bounds(GetParams, "limit"), Field(description=limit_text("events"))]
 StateFilter = Annotated[SessionState | None, Field(description="Only sessions in this state.")]
 AgentFilter = Annotated[ClientId | None, Field(description="Only sessions this agent has joined.")]
-ListLimit = Annotated[int | None, Bounds(ListParams, "limit"), Field(
+ListLimit = Annotated[StrictInt | None, Bounds(ListParams, "limit"), Field(
     description=f"At most this many sessions, newest first; omit for {ListParams.model_fields['limit'].default}.")]
 Cursor = Annotated[ListCursor | None, Field(
     description="Omit for the first page; then the previous reply's nextCursor, with the same state and agentId "
                 "filters, to get the sessions that follow.")]
-Final = Annotated[bool, Field(description="True to complete the session: its state becomes 'completed' and "
+Final = Annotated[StrictBool, Field(description="True to complete the session: its state becomes 'completed' and "
                                           "its data expires after a short grace period.")]
 EntityFilter = Annotated[EntityId | None, Field(description="Only transitions touching this entity id.")]
 AgentId = Annotated[ClientId, Field(description="The agent whose work to isolate.")]
-IsolateSince = Annotated[int, Bounds(IsolateParams, "since"), Field(description=since_text("the agent's events"))]
-IsolateLimit = Annotated[int | None, Bounds(IsolateParams, "limit"), Field(
+IsolateSince = Annotated[StrictInt, Bounds(IsolateParams, "since"), Field(description=since_text("the agent's events"))]
+IsolateLimit = Annotated[StrictInt | None, Bounds(IsolateParams, "limit"), Field(
     description=limit_text("of the agent's events"))]
 ClusterId = Annotated[EntityId, Field(description="Id of a SemanticCluster node of the knowledge graph.")]
-Days = Annotated[int | None, Bounds(OutcomesParams, "days"), Field(
+Days = Annotated[StrictInt | None, Bounds(OutcomesParams, "days"), Field(
     description=f"How many days back to look; omit for {OutcomesParams.model_fields['days'].default}.")]
 
 Json = dict[str, Any]

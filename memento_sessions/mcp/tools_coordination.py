@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, cast
 
 from mcp_types import ToolAnnotations
-from pydantic import ConfigDict, Field, JsonValue, with_config
+from pydantic import ConfigDict, Field, JsonValue, StrictBool, StrictInt, with_config
 from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
 from memento_sessions.coordination.methods import (
@@ -37,28 +37,30 @@ IDEMPOTENT = ToolAnnotations(read_only_hint=False, destructive_hint=False, idemp
 SessionId = Annotated[ClientId, Field(description="The session's id.")]
 EntityIds = Annotated[list[EntityId], Bounds(AcquireParams, "entityIds"), Field(
     description="The codebase entities to lease, e.g. ['file:src/auth.py'] or ['sym:src/auth.py:login'].")]
-LeaseTtl = Annotated[int, Bounds(AcquireParams, "ttl"), Field(description="Seconds the lease lasts unless renewed.")]
+LeaseTtl = Annotated[StrictInt, Bounds(AcquireParams, "ttl"),
+                     Field(description="Seconds the lease lasts unless renewed.")]
 Mode = Annotated[Literal["exclusive", "shared"], Field(
     description="'exclusive' (granted only if nobody else holds any of them) or 'shared' (advisory: always "
                 "granted, conflicts reported).")]
 LeaseSession = Annotated[ClientId | None, Field(description="The session you work in, if any.")]
 Reason = Annotated[ShortText | None, Field(description="Why you take it, shown to other agents.")]
 LeaseId = Annotated[ClientId, Field(description="The leaseId returned by acquire_lease.")]
-RenewTtl = Annotated[int, Bounds(RenewParams, "ttl"), Field(description="Seconds from now the lease lasts.")]
+RenewTtl = Annotated[StrictInt, Bounds(RenewParams, "ttl"), Field(description="Seconds from now the lease lasts.")]
 LeaseEntity = Annotated[EntityId | None, Field(description="Only leases covering this entity.")]
 LeaseAgent = Annotated[ClientId | None, Field(description="Only leases held by this agent.")]
 LeaseCursor = Annotated[ClientId | None, Field(description="Omit first; then the previous reply's nextCursor.")]
-LeaseLimit = Annotated[int, Bounds(ListLeasesParams, "limit"), Field(description="At most this many leases.")]
-To = Annotated[Recipient, Field(description="An agent id, 'role:<name>' (agents that declared the role) or "
-                                            "'session:<id>' (every agent of that session but you).")]
+LeaseLimit = Annotated[StrictInt, Bounds(ListLeasesParams, "limit"), Field(description="At most this many leases.")]
+To = Annotated[Recipient, Field(description="An agent id (one seen in this namespace), 'role:<name>' (the agents "
+                                            "whose token grants the role, or that declared it) or 'session:<id>' "
+                                            "(every agent of that session but you).")]
 MessageSubject = Annotated[ShortText | None, Field(description="A short subject line.")]
 Body = Annotated[JsonValue, Field(description="The message: any JSON, at most 16 KiB encoded.")]
-MessageTtl = Annotated[int | None, Field(ge=60, le=30 * 86400, description="Seconds an unread message is kept.")]
+MessageTtl = Annotated[StrictInt | None, Field(ge=60, le=30 * 86400, description="Seconds an unread message is kept.")]
 MessageId = Annotated[ClientId | None, Field(description="Your id for the message: sending it again is harmless.")]
-InboxSince = Annotated[int, Bounds(ReadParams, "since"), Field(
+InboxSince = Annotated[StrictInt, Bounds(ReadParams, "since"), Field(
     description="Only messages with seq greater than this: 0 first, then the previous reply's nextSince.")]
-InboxLimit = Annotated[int, Bounds(ReadParams, "limit"), Field(description="At most this many messages.")]
-UnreadOnly = Annotated[bool, Field(description="True to skip messages you acknowledged.")]
+InboxLimit = Annotated[StrictInt, Bounds(ReadParams, "limit"), Field(description="At most this many messages.")]
+UnreadOnly = Annotated[StrictBool, Field(description="True to skip messages you acknowledged.")]
 MessageIds = Annotated[list[ClientId], Field(min_length=1, max_length=1000, description="The messageIds to mark read.")]
 
 
@@ -121,7 +123,9 @@ class CoordinationTools:
     async def who_is_here(self, sessionId: SessionId) -> Here:
         """See which agents are in a session right now before you start work in it: each agent's id, whether
         it is 'active' (made a request lately) or 'idle', when it was last seen and how many connections it
-        has. An agent whose connections all closed or whose daemon died is not listed."""
+        has (0 for an agent working through these tools, the hook or ingest: it is listed for a while after it
+        joined or emitted there, until it leaves). An agent whose connections all closed or whose daemon died is
+        not listed."""
         return cast(Here, await self.call("presence.get", {"sessionId": sessionId}))
 
     async def acquire_lease(self, entityIds: EntityIds, ttl: LeaseTtl, mode: Mode = "exclusive",

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired, cast
 
 from mcp_types import ToolAnnotations
-from pydantic import ConfigDict, Field, with_config
+from pydantic import ConfigDict, Field, StrictInt, with_config
 from typing_extensions import TypedDict
 
 from memento_sessions.mcp.models import Bounds, SessionId
@@ -18,9 +18,9 @@ if TYPE_CHECKING:
 Json = dict[str, Any]
 SubagentId = Annotated[str | None, Bounds(ConversationParams, "subagentId"), Field(
     description="Omit for the main conversation; a subagent's id (from `subagents`) for that subagent's blocks.")]
-BlockCursor = Annotated[int, Bounds(ConversationParams, "cursor"), Field(
+BlockCursor = Annotated[StrictInt, Bounds(ConversationParams, "cursor"), Field(
     description="0 for the first page, then the previous reply's nextCursor.")]
-BlockLimit = Annotated[int | None, Bounds(ConversationParams, "limit"), Field(
+BlockLimit = Annotated[StrictInt | None, Bounds(ConversationParams, "limit"), Field(
     description=f"At most this many blocks in this reply; omit for up to {CONVERSATION_PAGE}. A page may hold "
                 "fewer when blocks are large: keep paging while the reply has nextCursor.")]
 

@@ -40,7 +40,7 @@ CONVERSATION_TYPES = frozenset({"block:upsert", "block:delta", "subagent:spawned
 class ConversationParams(BaseModel):
     """`session.conversation`'s params: which session, which thread, which page."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # as every method's params (methods.Params)
 
     sessionId: ClientId
     subagentId: Annotated[str, Field(pattern=r"^[A-Za-z0-9._:-]{1,128}$")] | None = None

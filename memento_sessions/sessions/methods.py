@@ -18,7 +18,10 @@ LabelValue = Annotated[str, StringConstraints(max_length=256), AfterValidator(ch
 
 
 class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Every method's params: unknown fields are errors and JSON types are taken as sent (strict): `"60"` is
+    not 60, `true` not 1, `"yes"` not true; each is -32602 naming the field."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class CreateParams(Params):

@@ -9,7 +9,18 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 import pydantic_core
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+)
 
 from memento_sessions.sessions.storable import (
     MAX_MAGNITUDE,
@@ -25,7 +36,19 @@ EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), After
 EventType = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
 ShortText = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
 Number = Annotated[float, AfterValidator(check_number)]  # finite, |x| <= 1e12: FalkorDB and JSONB store it
-Seq = Annotated[int, Field(ge=0, le=int(MAX_MAGNITUDE))]  # a seq a client names (since, atSeq): never over 1e12
+# A seq a client names (since, atSeq): never over 1e12, and strict wherever it is used (MCP tools too)
+Seq = Annotated[StrictInt, Field(ge=0, le=int(MAX_MAGNITUDE))]
+
+
+def iso_text(value: Any) -> Any:
+    """A timestamp arrives as ISO-8601 text (or a datetime from Python): never a number read as epoch seconds."""
+    if not isinstance(value, str | datetime):
+        raise ValueError("must be an ISO-8601 string")
+    return value
+
+
+# Strict mode takes no text for a datetime, so this one field parses its text itself (and nothing else).
+Timestamp = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(iso_text)]
 State = Literal["working", "broken"]
 SessionState = Literal["working", "broken", "coordinating", "completed"]
 
@@ -33,13 +56,28 @@ MAX_EVENT_BYTES = 64 * 1024
 MAX_DATA_BYTES = 16 * 1024
 MAX_BATCH = 500
 KNOWN_TYPES = frozenset({"start", "modified", "broke", "test_pass", "checkpoint", "handoff"})
+# The daemon's own records and alerts: event types only it emits, and the prefix of its ids (a conflict alert is
+# `conflict:<sessionId>:<seq>:<leaseId>` in a mailbox, `conflict-<seq>` in a session). A client's event or message
+# may use neither, so no agent can pre-empt (and so suppress) an alert or forge a record the dashboard draws.
+SYSTEM_TYPES = frozenset({"conflict"})
+SYSTEM_ID_PREFIXES = ("conflict:", "conflict-")
+SYSTEM = {"system": True}  # the validation context of an event the daemon makes itself
+
+
+def client_id(value: str | None) -> str | None:
+    """An id a client may use: none of the daemon's own (SYSTEM_ID_PREFIXES)."""
+    if value is not None and value.startswith(SYSTEM_ID_PREFIXES):
+        raise ValueError(f"ids starting {' or '.join(SYSTEM_ID_PREFIXES)} are the daemon's own")
+    return value
+
+
 STATE_OF_TYPE = {"broke": "broken", "test_pass": "working"}  # the state an event type sets without a stateTransition
 
 
 class Strict(BaseModel):
-    """Unknown fields are errors, so a typo never passes silently."""
+    """Unknown fields are errors, so a typo never passes silently; JSON types are taken as sent (no `"5"` -> 5)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False, strict=True)
 
 
 class ChangeInfo(Strict):
@@ -81,7 +119,7 @@ class EventIn(Strict):
 
     id: ClientId | None = None
     type: EventType
-    timestamp: AwareDatetime | None = None
+    timestamp: Timestamp | None = None
     actor: ClientId | None = None
     changeInfo: ChangeInfo | None = None
     stateTransition: StateTransition | None = None
@@ -90,6 +128,18 @@ class EventIn(Strict):
     # The fencing token of the lease the actor holds on changeInfo.entityIds (docs/coordination.md): an
     # older one than the newest grant on one of them is refused by the emit Function (stale_lease).
     fencingToken: int | None = Field(default=None, ge=1, le=int(MAX_MAGNITUDE))
+
+    @field_validator("id")
+    @classmethod
+    def _client_id(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return value if info.context == SYSTEM else client_id(value)
+
+    @field_validator("type")
+    @classmethod
+    def _client_type(cls, value: str, info: ValidationInfo) -> str:
+        if value in SYSTEM_TYPES and info.context != SYSTEM:
+            raise ValueError(f"type {value!r} is the daemon's own")
+        return value
 
     @field_validator("data")
     @classmethod

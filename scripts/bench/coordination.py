@@ -99,12 +99,12 @@ async def _bare_acquires(env: Env, run: str, files: list[tuple[str, list[str]]])
     for i, (file, symbols) in enumerate(files):
         tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
         pairs = [item for symbol in symbols for item in (symbol, file)]
-        calls.append([f"floor-{run}", f"floor-{run}-{i}", "exclusive", 60_000, 10_000_000, tail, version, file,
-                      "", *pairs])
+        calls.append([f"floor-{run}", f"floor-{run}-{i}", "exclusive", 60_000, 10_000_000, tail, version, 100, 256,
+                      file, "", *pairs])
     pipe = Pipe(env.redis_url, 0)
     try:
-        samples = await timed(len(calls), lambda i: pipe.call("FCALL", "mc_acquire", 6, *lkeys, now_ms(), *calls[i]),
-                              remote=True)
+        samples = await timed(len(calls), lambda i: pipe.call("FCALL", "mc_acquire", len(lkeys), *lkeys, now_ms(),
+                                                              *calls[i]), remote=True)
     finally:
         pipe.close()
     return samples
