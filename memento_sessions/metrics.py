@@ -69,3 +69,16 @@ COMPACTIONS = Counter("memento_compactions_total", "Session compactions that rem
 REHYDRATE_SECONDS = Histogram("memento_rehydrate_seconds", "Time to rebuild a session's view at a seq "
                               "(session.get atSeq: snapshot plus the events after it)", buckets=_FAST)
 LIFECYCLE = Counter("memento_lifecycle_total", "Lifecycle moves (suspended, resumed, forked, cleared)", ["action"])
+
+# Usage (usage/): the model label is one of the first MEMENTO_USAGE_METRIC_MODELS models a daemon saw, else
+# "other"; no label comes from client input beyond that bounded set.
+USAGE_TOKENS = Counter("memento_usage_tokens_total", "Tokens the agents reported, by model, source (events, otel, "
+                       "otel-metrics) and type (input, output, cache_read, cache_creation)",
+                       ["model", "source", "type"])
+USAGE_COST = Counter("memento_usage_cost_usd_total", "Cost in USD the agents' sources reported (none is guessed)",
+                     ["model", "source"])
+OTLP_REQUESTS = Counter("memento_otlp_requests_total", "OTLP/HTTP export requests by signal (logs, metrics) and "
+                        "outcome (ok, bad_request, unauthorized, too_large, rate_limited, unsupported)",
+                        ["signal", "outcome"])
+OTLP_RECORDS = Counter("memento_otlp_records_total", "OTLP log records and metric points taken (usage) or ignored "
+                       "(another event or metric, no session.id)", ["signal", "outcome"])

@@ -32,6 +32,8 @@ from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.janitor import janitor
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
+from memento_sessions.usage import methods as usage_methods
+from memento_sessions.usage.store import UsageStore
 from memento_sessions.ws.subscriptions import Subscriptions
 
 
@@ -71,6 +73,9 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             session_methods.register(registry, manager)
             tg.start_soon(lifecycle_methods.register(registry, manager, backends).run)  # extends session.*
             conversation_methods.register(registry, manager)
+            usage = UsageStore(backends.redis, settings)
+            await usage.load()
+            usage_methods.register(registry, usage)  # folds what event.emit and event.emitBatch store
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
             kg_methods.register(registry, graphs)
