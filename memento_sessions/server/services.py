@@ -74,7 +74,6 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             tg.start_soon(lifecycle_methods.register(registry, manager, backends).run)  # extends session.*
             conversation_methods.register(registry, manager)
             usage = UsageStore(backends.redis, settings)
-            await usage.load()
             usage_methods.register(registry, usage)  # folds what event.emit and event.emitBatch store
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)

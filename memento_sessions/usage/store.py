@@ -106,7 +106,7 @@ class UsageStore:
         except ResponseError as exc:
             if "Function not found" not in str(exc):
                 raise
-        log.warning("redis lost the usage library; reloading")
+        log.info("loading the usage library")  # on first use: a daemon starts while Redis is down
         await self.load()
         return await self.redis.fcall("mu_fold", len(fkeys), *fkeys, *args)
 
