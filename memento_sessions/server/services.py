@@ -20,6 +20,7 @@ from memento_sessions.checkpoints.retention import Lease, retention_job, run_whi
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.coordination import methods as coordination_methods
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.embedded.datadir import auth_secret
 from memento_sessions.kg import methods as kg_methods
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.mcp.http import serve_mcp
@@ -33,6 +34,7 @@ from memento_sessions.sessions.janitor import janitor
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
 from memento_sessions.usage import methods as usage_methods
+from memento_sessions.usage.receiver import OtlpReceiver
 from memento_sessions.usage.store import UsageStore
 from memento_sessions.ws.subscriptions import Subscriptions
 
@@ -48,6 +50,7 @@ class Services:
     fanout: Fanout
     checkpointer: Checkpointer
     mcp_app: ASGIApp | None = None
+    otlp: OtlpReceiver | None = None  # POST /v1/logs and /v1/metrics
 
     async def drain(self) -> None:
         """Finish in-flight checkpoints (bounded) before shutdown."""
@@ -85,7 +88,8 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             await tg.start(coordination.run)
             coordination_methods.register(registry, coordination)  # after the others: it hooks them
             async with serve_mcp(settings, registry) as mcp_app:
-                yield Services(settings, backends, registry, manager, fanout, checkpointer, mcp_app)
+                otlp = OtlpReceiver(usage, settings, settings.auth_secret or auth_secret(settings.data_dir))
+                yield Services(settings, backends, registry, manager, fanout, checkpointer, mcp_app, otlp)
             tg.cancel_scope.cancel()
     finally:
         await fanout.aclose()

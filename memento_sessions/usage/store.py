@@ -100,6 +100,11 @@ class UsageStore:
         await self._spread(ns, session_id, agent_id, source, applied)
         return bool(raw)
 
+    async def unattached(self, ns: str, agent_id: str, source: str, ops: Sequence[Op]) -> None:
+        """Ops that name no session: they count for the agent and the namespace alone."""
+        if ops:
+            await self._spread(ns, "", agent_id, source, {"applied": naive(ops), "new": []})
+
     async def _fcall(self, fkeys: list[str], args: list[Any]) -> Any:
         try:
             return await self.redis.fcall("mu_fold", len(fkeys), *fkeys, *args)
