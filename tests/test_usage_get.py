@@ -9,6 +9,8 @@ from typing import Any
 import anyio
 import pytest
 
+from memento_sessions import keys
+from memento_sessions.backends import Backends
 from memento_sessions.cli import main
 from memento_sessions.client import Client
 from memento_sessions.errors import InvalidParams
@@ -123,3 +125,14 @@ async def test_cli_prints_a_table_and_json(daemon: Daemon, namespace: str, monke
     with pytest.raises(SystemExit) as refused:
         main(["usage", "--namespace", namespace, "--session", "s", "--agent", "a"])
     assert refused.value.code == 2 and "not allowed with argument --session" in capsys.readouterr().err
+
+
+async def test_a_fold_that_fails_leaves_the_stored_emit_standing(daemon: Daemon, namespace: str,
+                                                                  backends: Backends) -> None:
+    await seeded(daemon, namespace, runs=1)
+    totals = keys.usage_keys(namespace, "s").totals
+    await backends.redis.hset(totals, "events:inputTokens", str(2**63 - 10))  # the next add overflows in Redis
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        done = await peer.call("event.emitBatch", {"sessionId": "s", "events": run_events(2, 2)})
+        again = await peer.call("event.emitBatch", {"sessionId": "s", "events": run_events(2, 2)})
+    assert done["seqs"] == [5, 6, 7, 8] and again == {"seqs": [5, 6, 7, 8], "duplicates": [5, 6, 7, 8]}

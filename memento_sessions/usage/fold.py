@@ -20,7 +20,7 @@ from memento_sessions.ingest.usage import ANTHROPIC, FIELDS, USAGE
 Op = dict[str, Any]
 SHORT = dict(zip(FIELDS, ("in", "out", "cr", "cc"), strict=True))
 ENDS = frozenset({"query:completed", "query:failed"})
-MAX_COUNT = 10**12
+MAX_COUNT = 10**9  # per op: no one report can push a Redis counter near its 64-bit end
 MAX_MODEL = 128
 
 
@@ -110,14 +110,14 @@ def millis(stamp: datetime | None) -> int | None:
 
 
 def count(value: Any, *, signed: bool = False) -> int:
-    """A whole count within ±1e12 (0 for anything else); negative only where `signed` (a usage correction)."""
+    """A whole count within ±MAX_COUNT (0 for anything else); negative only where `signed` (a correction)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return 0
     return int(max(min(value, MAX_COUNT), -MAX_COUNT if signed else 0))
 
 
 def money(value: Any, *, signed: bool = False) -> float | None:
-    """A cost in USD within ±1e12, or None where the source gives none."""
+    """A cost in USD within ±MAX_COUNT, or None where the source gives none."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(max(min(value, MAX_COUNT), -MAX_COUNT if signed else 0.0))

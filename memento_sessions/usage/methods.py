@@ -12,13 +12,18 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from redis.exceptions import ResponseError
 
+from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import InvalidParams
+from memento_sessions.logs import get_logger
 from memento_sessions.rpc import Call, Method, Registry, Result
 from memento_sessions.usage import query
 from memento_sessions.usage.fold import ops_of, relevant
 from memento_sessions.usage.store import UsageStore
 
+log = get_logger(__name__)
+FOLD_FAILURES: tuple[type[BaseException], ...] = (*UNAVAILABLE, ResponseError)
 Handler = Callable[[Call, Any], Awaitable[Result]]
 Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
 Cursor = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,16}:[A-Za-z0-9._: -]{1,300}$")]
@@ -61,7 +66,12 @@ def folded(store: UsageStore, inner: Handler, *, batch: bool) -> Handler:
             seqs, duplicates = [result["seq"]], {result["seq"]} if result.get("duplicate") else set()
         stored = [(seq, event) for seq, event in zip(seqs, events, strict=True) if seq not in duplicates]
         ops = ops_of(stored, int(time.time() * 1000))
-        await store.fold(call.identity.namespace, params.sessionId, call.identity.agent_id, "events", ops)
+        try:
+            await store.fold(call.identity.namespace, params.sessionId, call.identity.agent_id, "events", ops)
+        except FOLD_FAILURES as exc:
+            # The events are stored: an error now would make the client send them again, as duplicates
+            # that fold nothing. So the stored emit stands, and the lost usage is logged.
+            log.warning("usage not folded after a stored emit", session_id=params.sessionId, error=repr(exc))
         return result
     return handler
 
