@@ -78,7 +78,8 @@ USAGE_TOKENS = Counter("memento_usage_tokens_total", "Tokens the agents reported
 USAGE_COST = Counter("memento_usage_cost_usd_total", "Cost in USD the agents' sources reported (none is guessed)",
                      ["model", "source"])
 OTLP_REQUESTS = Counter("memento_otlp_requests_total", "OTLP/HTTP export requests by signal (logs, metrics) and "
-                        "outcome (ok, bad_request, unauthorized, too_large, rate_limited, unsupported)",
+                        "outcome (ok, bad_request, unauthorized, too_large, rate_limited, unsupported, unavailable, "
+                        "failed)",
                         ["signal", "outcome"])
 OTLP_RECORDS = Counter("memento_otlp_records_total", "OTLP log records and metric points taken (usage) or ignored "
                        "(another event or metric, no session.id)", ["signal", "outcome"])

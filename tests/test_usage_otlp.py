@@ -18,7 +18,10 @@ import pytest
 from google.protobuf import json_format  # type: ignore[import-untyped]
 from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from structlog.testing import capture_logs
 
+from memento_sessions import keys
+from memento_sessions.backends import Backends
 from memento_sessions.client import Client
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
@@ -209,3 +212,15 @@ async def test_another_namespace_sees_nothing(daemon: Daemon, namespace: str) ->
         assert list(mine["bySource"]) == ["events"] and mine["totals"]["inputTokens"] == 0  # the hook's alone
     theirs = await usage(daemon, other, agentId="claude")
     assert theirs["totals"]["inputTokens"] == 3 + 1 + 350 and theirs["runs"] == []
+
+
+async def test_a_refused_fold_is_a_500_logged_without_a_traceback(daemon: Daemon, namespace: str,
+                                                                  backends: Backends) -> None:
+    await anyio.to_thread.run_sync(hook_session, daemon, namespace)
+    totals = keys.usage_keys(namespace, SESSION).totals
+    await backends.redis.hset(totals, "otel:inputTokens", str(2**63 - 10))  # the next add overflows in Redis
+    with capture_logs() as logs:
+        reply = await post(daemon, "logs", LOGS.read_bytes(), JSON, token("claude", namespace))
+    assert reply.status_code == 500 and reply.text == "usage not stored"
+    assert [entry["log_level"] for entry in logs if entry["event"].startswith("OTLP")] == ["warning"]
+    assert not [entry for entry in logs if entry["log_level"] in ("error", "exception")]

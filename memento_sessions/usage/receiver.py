@@ -3,7 +3,8 @@
 As for /ws, the bearer token names the agent and the namespace (scope sessions:write). A request is read
 whole (at most MEMENTO_OTLP_MAX_BODY bytes, gzip included once inflated) and decoded whole before anything
 is written: a malformed body is a 400 that writes nothing. Each agent has MEMENTO_OTLP_RATE_LIMIT requests
-a second (429 with Retry-After past it). A Redis failure is a 503, which OTLP exporters retry.
+a second (429 with Retry-After past it). A Redis failure is a 503, which OTLP exporters retry; a refusal
+of the Function a 500, which they do not.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
+from redis.exceptions import ResponseError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -119,6 +121,9 @@ class OtlpReceiver:
         except UNAVAILABLE as exc:
             log.warning("OTLP usage not stored; the exporter retries", error=repr(exc))
             raise Refused(503, "unavailable", "backend unavailable: Redis", {"Retry-After": "1"}) from None
+        except ResponseError as exc:  # the Function refused (a counter at its end): a retry would fail alike
+            log.warning("OTLP usage not stored", agent_id=who.agent_id, error=str(exc)[:200])
+            raise Refused(500, "failed", "usage not stored") from None
 
 
 def encoding(content_type: str) -> bool:
