@@ -136,3 +136,28 @@ async def test_a_fold_that_fails_leaves_the_stored_emit_standing(daemon: Daemon,
         done = await peer.call("event.emitBatch", {"sessionId": "s", "events": run_events(2, 2)})
         again = await peer.call("event.emitBatch", {"sessionId": "s", "events": run_events(2, 2)})
     assert done["seqs"] == [5, 6, 7, 8] and again == {"seqs": [5, 6, 7, 8], "duplicates": [5, 6, 7, 8]}
+
+
+async def test_a_cost_of_zero_is_known_not_unknown(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        await peer.call("session.create", {"sessionId": "free"})
+        await peer.call("event.emitBatch", {"sessionId": "free", "events": run_events(1, 3, cost=0.0)})
+    async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
+        got = await client.usage(session_id="free")
+        agent = await client.usage(agent_id="alice")
+    assert got["runs"][0]["costUsd"] == 0.0 and got["totals"]["costUsd"] == 0.0
+    assert got["totals"]["costUnknownRuns"] == 0 and agent["totals"]["costUsd"] == 0.0
+
+
+STALE = """#!lua name=memento_usage
+redis.register_function('mu_fold', function(keys, args) return false end)
+"""
+
+
+async def test_a_daemon_replaces_an_older_usage_library_on_first_use(daemon: Daemon, namespace: str,
+                                                                     backends: Backends) -> None:
+    await backends.redis.function_load(STALE, replace=True)  # what an older daemon left in Redis
+    await seeded(daemon, namespace, runs=1)
+    async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
+        got = await client.usage(session_id="s")
+    assert got["totals"]["runs"] == 1 and got["runs"][0]["outputTokens"] == 1

@@ -25,7 +25,7 @@ local function fold(keys, args)
   local rows, dirty, applied, fresh = {}, {}, {}, {}
 
   local function bump(model, field, delta)
-    if delta == 0 then return end
+    if delta == 0 and field ~= 'costUsd' then return end  -- a cost of 0 is known, not unknown
     local key = model or ''
     applied[key] = applied[key] or {}
     applied[key][field] = (applied[key][field] or 0) + delta

@@ -2,7 +2,7 @@
 
 A session's runs and totals change in one Function call on the session's slot (library.py); the agent's and
 the namespace's totals, on slots of their own, follow in one pipeline. Totals are kept per source (events,
-otel, otel-metrics) because two sources may count the same calls: `totals()` answers the one to trust.
+otel, otel-metrics) because two sources may count the same calls: `totals_of` answers the one to trust.
 """
 
 from __future__ import annotations
@@ -82,10 +82,12 @@ class UsageStore:
     def __init__(self, redis: aioredis.Redis, settings: Settings) -> None:
         self.redis, self.settings = redis, settings
         self.labels = ModelLabels(settings.usage_metric_models)
+        self.loaded = False  # loaded on first use, not at start: a daemon starts while Redis is down
 
     async def load(self) -> None:
-        """(Re)load the Function library; REPLACE makes this safe for every daemon at every start."""
+        """(Re)load the Function library; REPLACE makes this safe for every daemon, whichever version Redis had."""
         await self.redis.function_load(LIBRARY, replace=True)
+        self.loaded = True
 
     async def fold(self, ns: str, session_id: str, agent_id: str, source: str, ops: Sequence[Op]) -> bool:
         """Fold ops into a session's usage and its agent's and namespace's totals; False when the session does
@@ -106,12 +108,14 @@ class UsageStore:
             await self._spread(ns, "", agent_id, source, {"applied": naive(ops), "new": []})
 
     async def _fcall(self, fkeys: list[str], args: list[Any]) -> Any:
+        if not self.loaded:
+            await self.load()
         try:
             return await self.redis.fcall("mu_fold", len(fkeys), *fkeys, *args)
         except ResponseError as exc:
             if "Function not found" not in str(exc):
                 raise
-        log.info("loading the usage library")  # on first use: a daemon starts while Redis is down
+        log.warning("redis lost the usage library; reloading")
         await self.load()
         return await self.redis.fcall("mu_fold", len(fkeys), *fkeys, *args)
 
