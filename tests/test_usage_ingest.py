@@ -151,3 +151,33 @@ async def test_another_namespace_sees_nothing(daemon: Daemon, namespace: str) ->
         spend = await client.call("usage.get", {})
     for seen in (usage, agent, spend):
         assert seen["runs"] == [] and seen["bySource"] == {} and seen["totals"]["inputTokens"] == 0
+
+
+def opencode_assistant(tokens: dict[str, Any], cost: float, created: int) -> dict[str, Any]:
+    """OpenCode's message.updated of one assistant message, as it streams (tokens and cost so far)."""
+    info = {"id": "msg_a1", "sessionID": "ses_main", "role": "assistant", "time": {"created": created},
+            "modelID": "claude-sonnet-4-5", "providerID": "anthropic", "cost": cost, "tokens": tokens}
+    return {"type": "message.updated", "properties": {"info": info}}
+
+
+async def test_opencode_message_tokens_and_cost_as_they_grow(daemon: Daemon, namespace: str, tmp_path: Path) -> None:
+    user = {"type": "message.updated", "properties": {"info": {
+        "id": "msg_u1", "sessionID": "ses_main", "role": "user", "time": {"created": 1760000000000}}}}
+    zero = {"input": 0, "output": 0, "reasoning": 0, "cache": {"read": 0, "write": 0}}
+    half = {"input": 1200, "output": 40, "reasoning": 0, "cache": {"read": 0, "write": 300}}
+    full = {"input": 1200, "output": 90, "reasoning": 25, "cache": {"read": 800, "write": 300}}
+    lines = [user, opencode_assistant(zero, 0, 1760000000100), opencode_assistant(half, 0.004, 1760000001000),
+             opencode_assistant(half, 0.004, 1760000001000), opencode_assistant(full, 0.0095, 1760000002000),
+             {"type": "session.idle", "properties": {"sessionID": "ses_main"}}]
+    path = tmp_path / "opencode.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    for _ in range(2):  # the second ingest writes nothing, and counts nothing twice
+        code, _, _ = await ingest(daemon, namespace, str(path), "--session", "oc")
+        assert code == 0
+    async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
+        usage = await client.call("usage.get", {"sessionId": "oc"})
+    [run] = usage["runs"]
+    assert picked(run) == {"inputTokens": 1200, "outputTokens": 90 + 25, "cacheReadTokens": 800,
+                           "cacheCreationTokens": 300, "model": "claude-sonnet-4-5", "toolCalls": 0, "apiCalls": 1,
+                           "costUsd": 0.0095, "durationMs": 2000}
+    assert usage["totals"]["costUsd"] == 0.0095 and usage["totals"]["costUnknownRuns"] == 0
