@@ -224,3 +224,23 @@ async def test_a_refused_fold_is_a_500_logged_without_a_traceback(daemon: Daemon
     assert reply.status_code == 500 and reply.text == "usage not stored"
     assert [entry["log_level"] for entry in logs if entry["event"].startswith("OTLP")] == ["warning"]
     assert not [entry for entry in logs if entry["log_level"] in ("error", "exception")]
+
+
+async def test_genai_token_histograms_count_input_and_output_apart(daemon: Daemon, namespace: str) -> None:
+    await anyio.to_thread.run_sync(hook_session, daemon, namespace)
+
+    def export(input_sum: int, output_sum: int) -> bytes:
+        points = [{"startTimeUnixNano": "1770764274000000000", "timeUnixNano": "1770764334000000000", "count": "2",
+                   "sum": value, "attributes": [{"key": "gen_ai.conversation.id", "value": {"stringValue": SESSION}},
+                                                {"key": "gen_ai.request.model", "value": {"stringValue": "gpt-x"}},
+                                                {"key": "gen_ai.token.type", "value": {"stringValue": kind}}]}
+                  for kind, value in (("input", input_sum), ("output", output_sum))]
+        metric = {"name": "gen_ai.client.token.usage", "unit": "{token}",
+                  "histogram": {"dataPoints": points, "aggregationTemporality": 2}}
+        body = {"resourceMetrics": [{"scopeMetrics": [{"metrics": [metric]}]}]}
+        return json.dumps(body).encode()
+
+    for sums in ((300, 40), (500, 70)):  # cumulative: the second export holds the first
+        assert (await post(daemon, "metrics", export(*sums), JSON, token("agent", namespace))).status_code == 200
+    totals = (await usage(daemon, namespace, sessionId=SESSION))["bySource"]["otel-metrics"]
+    assert (totals["inputTokens"], totals["outputTokens"], totals["costUsd"]) == (500, 70, None)

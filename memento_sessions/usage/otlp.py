@@ -196,7 +196,7 @@ def metric_ops(metric: Any, resource: Iterable[KeyValue], batch: Batch) -> Itera
             continue
         model = model_of(attrs.get("model") or attrs.get("gen_ai.response.model") or attrs.get("gen_ai.request.model"))
         yield session_of(attrs), point_op(found, value, model, data.aggregation_temporality == CUMULATIVE,
-                                          f"{metric.name}|{model}|{attrs.get('type')}|{point.start_time_unix_nano}")
+                                          f"{metric.name}|{model}|{found}|{point.start_time_unix_nano}")
 
 
 def point_field(name: str, attrs: dict[str, Any]) -> str | None:
