@@ -31,6 +31,7 @@ from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_
 from memento_sessions.sessions.snapshot_store import snapshot_at
 from memento_sessions.sessions.store import FunctionStore
 from memento_sessions.settings import Settings
+from memento_sessions.usage.query import session_totals
 
 log = get_logger(__name__)
 
@@ -406,7 +407,8 @@ class SessionManager:
                 break
             members = await self._events_after(events_key, seq_of(members[-1]), CHUNK)
         return {"session": session, **folder.result(), **conversation.condensed(),
-                "lastCheckpoint": session["lastCheckpoint"]}
+                "lastCheckpoint": session["lastCheckpoint"],
+                "usage": (await session_totals(self.redis, namespace, session_id))["totals"]}
 
     async def view(self, namespace: str, session_id: str) -> dict[str, Any]:
         """The session view alone (no events)."""

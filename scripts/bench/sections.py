@@ -19,6 +19,7 @@ from bench import (
     lifecycle,
     memory,
     neighbour,
+    otlp,
     replay,
     scale,
 )
@@ -45,6 +46,7 @@ SECTIONS: dict[str, Section] = {
     "bridge": bridge.measure,
     "ingest": ingest.ingest,
     "hook": ingest.hook,
+    "otlp": otlp.otlp_logs,
     "lease-acquire": coordination.lease_acquire,
     "mailbox": coordination.mailbox_live,
     "emit-leases": coordination.emit_with_leases,
