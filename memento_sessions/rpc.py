@@ -119,7 +119,10 @@ def unavailable(exc: BaseException, call: Call, method: str, request_id: Any) ->
     log.warning("backend unavailable", backend=backend, method=method, request_id=request_id,
                 agent_id=call.identity.agent_id, namespace=call.identity.namespace,
                 conn_id=call.peer.conn_id if call.peer else None, error=_cause(exc))
-    return BackendUnavailable(f"backend unavailable: {BACKENDS[backend]}", {"backend": backend})
+    data = {"backend": backend}
+    if isinstance(exc, BackendUnavailable) and isinstance(exc.data, dict) and "reason" in exc.data:
+        data["reason"] = exc.data["reason"]  # e.g. replica_ack_timeout: the write may not survive a failover
+    return BackendUnavailable(f"backend unavailable: {BACKENDS[backend]}", data)
 
 
 def backend_name(exc: BaseException) -> str:
