@@ -10,6 +10,7 @@ then lost (printed; docs/cluster.md has the figures). The cluster is this module
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -259,3 +260,63 @@ async def test_a_slot_holding_live_sessions_migrated_mid_stream(
     assert report["keys_moved"] >= 4 * len(movers) and report["on_moved_slot"] > 0
     assert lost == set(), sorted(lost)[:10]
     assert out_of_step == {}, {sid: seqs[-5:] for sid, seqs in list(out_of_step.items())[:3]}
+
+
+def replica_of(cluster: LocalCluster, primary: int) -> int:
+    with cluster.client(primary) as node:
+        return int(node.info("replication")["slave0"]["port"])
+
+
+def lagging_failover(cluster: LocalCluster, primary: int, replica: int, report: dict[str, Any]) -> None:
+    """SIGKILL the primary while its replica is stopped, then let the replica go on and be promoted; the primary
+    comes back as a replica."""
+    cluster.kill(primary)
+    cluster.procs[replica].send_signal(signal.SIGCONT)
+    killed = time.monotonic()
+    cluster.wait_promoted(primary)
+    report["promoted_after_s"] = round(time.monotonic() - killed, 2)
+    cluster.start_node(primary)
+    cluster.wait_ok()
+
+
+@pytest.mark.parametrize("acks", [1, 0])
+async def test_a_primary_sigkilled_while_its_replica_lags(
+        replicated: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str, acks: int) -> None:
+    # The loss window made visible: the replica is stopped (SIGSTOP) while 20 batches of 60 events of 15 KB
+    # (~18 MB) are emitted, more than the loopback socket buffers hold, so the primary still has part of them
+    # in its replica output buffer when it is SIGKILLed; the replica then goes on and is promoted without them.
+    # With acks none of those emits was acknowledged (each is -32050 once the WAIT times out): nothing
+    # acknowledged is lost.
+    settings = {"falkordb_url": falkordb(backend_urls), "replica_acks": acks, "replica_ack_timeout_ms": 200,
+                "log_level": "error"}
+    blob = "x" * 15_000  # an event's data holds at most 16 KB
+    acked: dict[str, int] = {}
+    refused = 0
+    report = dict[str, Any](acks=acks)
+    async with running(make_settings(on(replicated, backend_urls), tmp_path, **settings)) as daemon, \
+            rpc(daemon.port, token("w", namespace)) as writer:
+        sid = (await writer.call("session.create", {}))["sessionId"]
+        primary = replicated.port_of(keys.session_keys(namespace, sid).session)
+        replica = replica_of(replicated, primary)
+        replicated.procs[replica].send_signal(signal.SIGSTOP)
+        try:
+            for batch in range(20):
+                events: list[dict[str, Any]] = [{"type": "modified", "id": f"b{batch}-{i}", "data": {"blob": blob}}
+                                                for i in range(60)]
+                reply = await writer.request("event.emitBatch", {"sessionId": sid, "events": events})
+                if "result" in reply:
+                    acked.update({e["id"]: seq for e, seq in zip(events, reply["result"]["seqs"], strict=True)})
+                else:
+                    assert reply["error"]["data"]["reason"] == "replica_ack_timeout", reply
+                    refused += 1
+        finally:
+            await anyio.to_thread.run_sync(lagging_failover, replicated, primary, replica, report)
+        await anyio.sleep(0.5)
+        stored = {e["id"]: e["seq"] for e in await stored_events(writer, sid)}
+    lost = [event_id for event_id, seq in acked.items() if stored.get(event_id) != seq]
+    report.update(acknowledged=len(acked), refused_batches=refused, stored=len(stored), lost=len(lost))
+    print("primary SIGKILL, replica lagging:", report)
+    if acks:
+        assert acked == {} and refused == 20 and lost == []
+    else:
+        assert len(acked) == 1200 and len(stored) < 1200  # acknowledged, then lost with the primary
