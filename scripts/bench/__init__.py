@@ -15,7 +15,8 @@
     sections.py    the registry: section name -> the coroutine that measures it
     host.py        the host's noise floor: a bare round trip between two processes, to read the others by
     emit.py, fanout.py, replay.py, memory.py, checkpoint.py, bridge.py, ingest.py, coordination.py,
-    lifecycle.py, scale.py (cross-daemon CPU, connection density, deliveries per CPU-second)   the sections
+    lifecycle.py, scale.py (cross-daemon CPU, connection density, deliveries per CPU-second),
+    replicas.py (emits with MEMENTO_REPLICA_ACKS=1 on a primary and replica of its own)   the sections
     peers.py       --peers: the OpenAI Agents SDK and Google ADK in their own virtualenv (bench_peers.py)
 
 Adding a section is one new module and one registry line:

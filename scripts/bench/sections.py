@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
+import bench.replicas
 from bench import bridge, checkpoint, coordination, emit, fanout, host, ingest, lifecycle, memory, replay, scale
 from bench.harness import Env, Figure
 
@@ -17,6 +18,7 @@ SECTIONS: dict[str, Section] = {
     "emit": emit.sequential,
     "emit-64": emit.concurrent,
     "batch": emit.batch,
+    "replica-acks": bench.replicas.measure,
     "ws-ingest": emit.ws_ingest,
     "handoff-100": fanout.handoff_100,
     "handoff-1000": fanout.handoff_1000,
