@@ -11,7 +11,7 @@ waiting its own connect timeout in turn while Redis is away.
 
 A call made with `Acks` (MEMENTO_REPLICA_ACKS) is answered once that many replicas hold its write: a
 `WAIT n timeout` goes out on the same connection after the commands of the loop turn, and that one WAIT
-covers every write sent before it on the connection; past its timeout the call is ReplicasBehind (-32050).
+covers every write sent before it on the connection; past its timeout the call is -32050 (replicas_behind).
 
 After a write on an idle connection the loop is kept polling, not sleeping, until the reply is in
 or `spin` seconds have passed: on a VM, waking a vCPU that went idle costs tens of microseconds,
@@ -52,13 +52,12 @@ class Acks:
     timeout_ms: int
 
 
-class ReplicasBehind(BackendUnavailable, code=BackendUnavailable.code):
-    """Fewer replicas than asked acknowledged a write within the timeout: it may be lost in a failover, so
-    the call is unavailable (-32050) and retried (an event `id` makes the retry safe)."""
-
-    def __init__(self, acks: Acks, acked: int) -> None:
-        super().__init__(f"redis: {acked} of {acks.replicas} replicas acknowledged within {acks.timeout_ms} ms",
-                         {"backend": "redis", "reason": "replica_ack_timeout"})
+def replicas_behind(acks: Acks, acked: int) -> BackendUnavailable:
+    """The error of a write fewer replicas than asked acknowledged within the timeout: it may be lost in a
+    failover, so the call is unavailable (-32050, data.reason replica_ack_timeout) and retried (an event `id`
+    makes the retry safe)."""
+    return BackendUnavailable(f"redis: {acked} of {acks.replicas} replicas acknowledged within {acks.timeout_ms} ms",
+                              {"backend": "redis", "reason": "replica_ack_timeout"})
 
 
 class _Protocol(asyncio.Protocol):
@@ -244,7 +243,7 @@ class Pipe:
         return await reply
 
     async def call_acked(self, acks: Acks, *args: str | int | float) -> Any:
-        """`call`, answered once `acks.replicas` replicas hold its write (ReplicasBehind past the timeout)."""
+        """`call`, answered once `acks.replicas` replicas hold its write (replicas_behind past the timeout)."""
         return await self._acked(acks, args, asking=False)
 
     async def _acked(self, acks: Acks, args: tuple[str | int | float, ...], *, asking: bool) -> Any:
@@ -255,7 +254,7 @@ class Pipe:
             await asked
         result = await reply
         if (count := int(await acked)) < acks.replicas:
-            raise ReplicasBehind(acks, count)
+            raise replicas_behind(acks, count)
         return result
 
     async def _connected(self) -> _Protocol:

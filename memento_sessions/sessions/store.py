@@ -12,7 +12,7 @@ from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Conflict, NotFound, RpcError
 from memento_sessions.keys import SessionKeys
 from memento_sessions.logs import get_logger
-from memento_sessions.redisio.pipe import Acks, Pipe, ReplicasBehind
+from memento_sessions.redisio.pipe import Acks, Pipe, replicas_behind
 
 log = get_logger(__name__)
 LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()
@@ -35,7 +35,7 @@ class FunctionStore:
 
     async def call(self, function: str, keys: SessionKeys, *args: str | int | float, acks: Acks | None = None) -> Any:
         """FCALL `function`; a function error becomes its JSON-RPC error. With `acks`, answered once that many
-        replicas hold the write (ReplicasBehind, -32050, past the timeout)."""
+        replicas hold the write (-32050 replica_ack_timeout past the timeout)."""
         try:
             return await self._fcall(function, keys, args, acks)
         except ResponseError as exc:
@@ -80,7 +80,7 @@ class FunctionStore:
         if isinstance(reply, Exception):
             raise reply
         if int(acked) < acks.replicas:
-            raise ReplicasBehind(acks, int(acked))
+            raise replicas_behind(acks, int(acked))
         return reply
 
 
