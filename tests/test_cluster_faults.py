@@ -351,3 +351,34 @@ async def test_a_primary_sigkilled_while_its_replica_lags(
         assert len(acked) == 5 and refused == 20 and lost == []  # only the emits after the failover
     else:
         assert len(acked) == 1205 and len(stored) < 1205  # acknowledged, then lost with the primary
+
+
+async def test_on_a_cluster_an_emit_is_answered_once_the_primarys_replica_holds_it(
+        replicated: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    settings = {"falkordb_url": falkordb(backend_urls), "replica_acks": 1, "replica_ack_timeout_ms": 300,
+                "log_level": "error"}
+    async with running(make_settings(on(replicated, backend_urls), tmp_path, **settings)) as daemon, \
+            rpc(daemon.port, token("w", namespace)) as writer:
+        sids = [(await writer.call("session.create", {}))["sessionId"] for _ in range(6)]
+        for sid in sids:  # on several primaries: each emit is on its replica when answered
+            skeys = keys.session_keys(namespace, sid)
+            replica = replica_of(replicated, replicated.port_of(skeys.session))
+            with replicated.client(replica) as node:
+                node.execute_command("READONLY")
+                for i in range(10):
+                    reply = await writer.call("event.emit", {"sessionId": sid, "event": {"type": "modified"}})
+                    assert reply["seq"] == i + 1 and node.zcard(skeys.events) == i + 1
+        assert len({replicated.port_of(keys.session_keys(namespace, sid).session) for sid in sids}) >= 2
+        skeys = keys.session_keys(namespace, sids[0])
+        replica = replica_of(replicated, replicated.port_of(skeys.session))
+        replicated.procs[replica].send_signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            error = await writer.error("event.emit", {"sessionId": sids[0], "event": {"type": "modified", "id": "x"}})
+            took = time.monotonic() - started
+        finally:
+            replicated.procs[replica].send_signal(signal.SIGCONT)
+        assert error["code"] == -32050 and error["data"]["reason"] == "replica_ack_timeout"
+        assert 0.25 < took < 3.0
+        assert (await writer.call("event.emit", {"sessionId": sids[0], "event": {"type": "modified", "id": "x"}})) == {
+            "seq": 11, "duplicate": True}
