@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
 
 import anyio
@@ -79,6 +79,31 @@ async def test_a_call_the_replica_does_not_acknowledge_is_unavailable(pair: Repl
     finally:
         stopped(pair, False)
         pipe.close()
+
+
+async def test_calls_without_acks_do_not_queue_behind_a_wait(pair: ReplicatedRedis, namespace: str) -> None:
+    # A WAIT holds its connection until the replicas answer: up to its timeout when one is away. Other calls
+    # (joins, leases, creates) go out on the pipe's other connection, answered meanwhile.
+    pipe = Pipe(pair.url)
+    await pipe.call("PING")
+    stopped(pair, True)
+    try:
+        async with anyio.create_task_group() as tg:
+            waiting = time.monotonic()
+            tg.start_soon(lambda: expect_behind(pipe.call_acked(Acks(1, 1500), "SET", f"{namespace}:a", "1")))
+            await anyio.sleep(0.1)
+            started = time.monotonic()
+            assert await pipe.call("INCR", f"{namespace}:other") == 1
+            assert time.monotonic() - started < 0.5
+        assert time.monotonic() - waiting > 1.4
+    finally:
+        stopped(pair, False)
+        pipe.close()
+
+
+async def expect_behind(call: Awaitable[object]) -> None:
+    with pytest.raises(BackendUnavailable):
+        await call
 
 
 async def test_an_emit_is_answered_only_once_the_replica_holds_it(

@@ -9,9 +9,10 @@ a retry safe). A connection that cannot be opened is not tried again before the 
 (retry.RECONNECT by default): meanwhile calls fail at once with the connect error, instead of each
 waiting its own connect timeout in turn while Redis is away.
 
-A call made with `Acks` (MEMENTO_REPLICA_ACKS) is answered once that many replicas hold its write: a
-`WAIT n timeout` goes out on the same connection after the commands of the loop turn, and that one WAIT
-covers every write sent before it on the connection; past its timeout the call is -32050 (replicas_behind).
+A call made with `Acks` (MEMENTO_REPLICA_ACKS) is answered once that many replicas hold its write: such
+calls go out on a second connection, where a `WAIT n timeout` follows the commands of each loop turn, and
+that one WAIT covers every write sent before it on the connection (the calls without Acks keep the first
+connection, so they never queue behind a WAIT); past its timeout the call is -32050 (replicas_behind).
 
 After a write on an idle connection the loop is kept polling, not sleeping, until the reply is in
 or `spin` seconds have passed: on a VM, waking a vCPU that went idle costs tens of microseconds,
@@ -220,6 +221,8 @@ class Pipe:
         self._protocol: _Protocol | None = None
         self._lock = anyio.Lock()
         self._failures = Failures(backoff)
+        self._url, self._backoff = url, backoff
+        self._waits: Pipe | None = None  # the connection of the calls made with Acks (their WAITs hold it)
 
     @staticmethod
     def supports(url: str) -> bool:
@@ -247,7 +250,11 @@ class Pipe:
         return await self._acked(acks, args, asking=False)
 
     async def _acked(self, acks: Acks, args: tuple[str | int | float, ...], *, asking: bool) -> Any:
-        protocol = await self._connected()
+        """On a connection of their own: a WAIT holds its connection until the replicas answer (up to the
+        timeout, when one is away), and the calls made without Acks must not queue behind it."""
+        if self._waits is None:
+            self._waits = Pipe(self._url, int(self.spin * 1e6), self._backoff)
+        protocol = await self._waits._connected()
         asked = protocol.send(pack(("ASKING",))) if asking else None
         reply, acked = protocol.send(pack(args)), protocol.acked(acks)
         if asked is not None:
@@ -287,10 +294,12 @@ class Pipe:
         return protocol
 
     def close(self) -> None:
-        """Close the connection; safe to call twice."""
+        """Close the connections; safe to call twice."""
         protocol, self._protocol = self._protocol, None
         if protocol is not None:
             protocol.close()
+        if self._waits is not None:
+            self._waits.close()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
