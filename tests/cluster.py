@@ -153,15 +153,7 @@ class LocalCluster:
 
     def port_of(self, key: str) -> int:
         """The port of the primary that holds `key`'s slot now (asked of the cluster: slots may have moved)."""
-        slot = key_slot(key.encode())
-        for port in self.procs:
-            try:
-                with self.client(port) as node:
-                    slots = node.execute_command("CLUSTER SLOTS")
-            except (redis.RedisError, OSError):
-                continue
-            return next(int(primary[1]) for first, last, primary, *_ in slots if first <= slot <= last)
-        raise RuntimeError("no node of the cluster answers")
+        return self.port_of_slot(key_slot(key.encode()))
 
     def kill(self, port: int) -> None:
         """SIGKILL one node (no shutdown save: what it acknowledged is in its AOF, fsynced)."""
@@ -180,6 +172,35 @@ class LocalCluster:
             except (redis.RedisError, OSError, RuntimeError):
                 return False
         self._wait(promoted, f"no replica of {port} was promoted")
+
+    def migrate(self, slot: int, target: int, batch: int = 3, pause: float = 0.05) -> int:
+        """Move `slot` to the primary on `target` as redis-cli --cluster reshard does: IMPORTING, MIGRATING, the
+        keys `batch` at a time (ASK meanwhile for those that left), then SETSLOT NODE on every primary (MOVED
+        after); the number of keys moved."""
+        source = self.port_of_slot(slot)
+        source_id, target_id = self.node_id(source), self.node_id(target)
+        with self.client(source) as src, self.client(target) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            moved = 0
+            while names := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
+                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "AUTH", PASSWORD, "KEYS", *names)
+                moved += len(names)
+                time.sleep(pause)  # writes keep coming between batches: some meet ASK, some TRYAGAIN
+        for port in (target, source, *[p for p in self.primaries() if p not in (source, target)]):
+            with self.client(port) as node:
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        return moved
+
+    def port_of_slot(self, slot: int) -> int:
+        for port in self.procs:
+            try:
+                with self.client(port) as node:
+                    slots = node.execute_command("CLUSTER SLOTS")
+            except (redis.RedisError, OSError):
+                continue
+            return next(int(primary[1]) for first, last, primary, *_ in slots if first <= slot <= last)
+        raise RuntimeError("no node of the cluster answers")
 
     def restart(self, port: int) -> None:
         """Kill one primary and start it again; returns once the cluster is ok."""

@@ -25,7 +25,7 @@ from redis.crc import key_slot
 from memento_sessions import keys
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import running
-from tests.cluster import PASSWORD, LocalCluster
+from tests.cluster import LocalCluster
 from tests.helpers import make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
@@ -193,23 +193,9 @@ def same_slot_ids(prefix: str, count: int) -> list[str]:
     return [sid for sid in (f"{prefix}-{i}" for i in range(10**6)) if key_slot(sid.encode()) == slot][:count]
 
 
-def migrate_slot(cluster: LocalCluster, slot: int, source: int, target: int, report: dict[str, Any]) -> None:
-    """Move `slot` from `source` to `target` as redis-cli --cluster reshard does: IMPORTING, MIGRATING, the keys
-    a few at a time (ASK meanwhile for those that left), then SETSLOT NODE on every primary (MOVED after)."""
+def migrate_slot(cluster: LocalCluster, slot: int, target: int, report: dict[str, Any]) -> None:
     started = time.monotonic()
-    source_id, target_id = cluster.node_id(source), cluster.node_id(target)
-    with cluster.client(source) as src, cluster.client(target) as dst:
-        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-        moved = 0
-        while names := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 3):
-            src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "AUTH", PASSWORD, "KEYS", *names)
-            moved += len(names)
-            time.sleep(0.05)  # emits keep coming between batches: some meet ASK, some TRYAGAIN
-        for port in (target, source, *[p for p in cluster.primaries() if p not in (source, target)]):
-            with cluster.client(port) as node:
-                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-    report.update(keys_moved=moved, migration_s=round(time.monotonic() - started, 2))
+    report.update(keys_moved=cluster.migrate(slot, target), migration_s=round(time.monotonic() - started, 2))
 
 
 async def test_a_slot_holding_live_sessions_migrated_mid_stream(
@@ -239,7 +225,7 @@ async def test_a_slot_holding_live_sessions_migrated_mid_stream(
                 for i, writer in enumerate(writers):
                     emitting.start_soon(write, writer, sids[i::len(writers)], tally, stop)
                 await anyio.sleep(1.0)
-                await anyio.to_thread.run_sync(migrate_slot, replicated, slot, source, target, report)
+                await anyio.to_thread.run_sync(migrate_slot, replicated, slot, target, report)
                 await anyio.sleep(1.5)
                 stop.set()
             stored = {sid: await stored_events(writers[0], sid) for sid in sids}
