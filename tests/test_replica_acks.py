@@ -1,7 +1,8 @@
 # mypy: disable-error-code="no-untyped-call"
 """MEMENTO_REPLICA_ACKS on a standalone Redis with one replica (tests/cluster.py's ReplicatedRedis): an emit is
 answered once the replica holds it, one WAIT covers the writes of a loop turn, and a replica that does not
-answer makes the emit -32050 (replica_ack_timeout) within the timeout, retried safely by its id."""
+answer makes the emit -32050 (replica_ack_timeout) within the timeout, retried safely by its id. The servers are
+the module's own, so it runs once (in the single-Redis run)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from tests.cluster import ReplicatedRedis
 from tests.helpers import falkordb_url, make_settings, token
 from tests.rpcsocket import rpc
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.topology_independent]  # its own servers: run once
 
 
 @pytest.fixture(scope="module")
