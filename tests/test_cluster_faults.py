@@ -368,3 +368,51 @@ async def test_on_a_cluster_an_emit_is_answered_once_the_primarys_replica_holds_
         assert 0.25 < took < 3.0
         assert (await writer.call("event.emit", {"sessionId": sids[0], "event": {"type": "modified", "id": "x"}})) == {
             "seq": 11, "duplicate": True}
+
+
+async def test_leases_and_mailboxes_keep_working_across_a_failover_and_a_migration(
+        replicated: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    # Coordination state written before the faults, with a replica that keeps up: a held lease still refuses
+    # others and keeps its fencing token, a later lease gets a higher token (never one handed out before),
+    # and a message waits in its mailbox, after the primary holding them is SIGKILLed and after their slot moves.
+    settings = {"falkordb_url": falkordb(backend_urls), "log_level": "error"}
+    coord = keys.lease_keys(namespace).leases
+    inbox = keys.mailbox_keys(namespace, "b")[0]
+    async with running(make_settings(on(replicated, backend_urls), tmp_path, **settings)) as daemon, \
+            rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        held = await a.call("lease.acquire", {"entityIds": ["e1"], "ttl": 120, "mode": "exclusive"})
+        await a.call("mailbox.send", {"to": "b", "subject": "before", "body": {"n": 1}, "id": "m1"})
+        tokens, others = [held["fencingToken"]], set[tuple[str, int]]()
+        for fault in ("failover", "migration"):
+            await anyio.sleep(0.2)  # the replica has the writes (it keeps up on loopback)
+            if fault == "failover":
+                report: dict[str, Any] = {}
+                await anyio.to_thread.run_sync(failover, replicated, replicated.port_of(coord), report)
+            else:
+                source = replicated.port_of(coord)
+                target = next(port for port in replicated.primaries() if port != source)
+                await anyio.to_thread.run_sync(replicated.migrate, key_slot(coord.encode()), target)
+            refused = await retried(b, "lease.acquire", {"entityIds": ["e1"], "ttl": 60, "mode": "exclusive"})
+            assert refused["granted"] is False and refused["conflicts"][0]["leaseId"] == held["leaseId"], fault
+            listed = (await retried(a, "lease.list", {"agentId": "a"}))["leases"]
+            assert {(lease["leaseId"], lease["fencingToken"]) for lease in listed} == {
+                (held["leaseId"], held["fencingToken"]), *others}, (fault, listed)
+            other = await retried(a, "lease.acquire", {"entityIds": [f"after-{fault}"], "ttl": 60,
+                                                       "mode": "exclusive"})
+            tokens.append(other["fencingToken"])
+            others.add((other["leaseId"], other["fencingToken"]))
+            messages = (await retried(b, "mailbox.read", {}))["messages"]
+            assert [m["messageId"] for m in messages] == ["m1"], fault
+        assert tokens == sorted(set(tokens)), tokens  # fencing tokens only grow across the faults
+        assert replicated.port_of(inbox) > 0
+
+
+async def retried(peer: RpcSocket, method: str, params: dict[str, Any]) -> Any:
+    """The result of a call retried on -32050 (a slot mid-failover) for up to RETRY_FOR seconds."""
+    deadline = time.monotonic() + RETRY_FOR
+    while True:
+        reply = await peer.request(method, params)
+        if "result" in reply:
+            return reply["result"]
+        assert reply["error"]["code"] == -32050 and time.monotonic() < deadline, reply
+        await anyio.sleep(0.1)
