@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     otlp_max_body: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     otlp_max_records: int = Field(default=10_000, ge=1, le=1_000_000)  # log records and metric points a request
     redis_spin_us: int = Field(default=250, ge=0, le=10_000)
+    replica_acks: int = Field(default=0, ge=0, le=16)
+    replica_ack_timeout_ms: int = Field(default=1000, ge=1, le=4000)  # under the hot path's 5 s call watchdog
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
     bridge_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=16 * 1024 * 1024 * 1024)
     session_max_events: int = Field(default=100_000, ge=10, le=100_000_000)

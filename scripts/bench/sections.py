@@ -21,6 +21,7 @@ from bench import (
     neighbour,
     otlp,
     replay,
+    replicas,
     scale,
 )
 from bench.harness import Env, Figure
@@ -32,6 +33,7 @@ SECTIONS: dict[str, Section] = {
     "emit": emit.sequential,
     "emit-64": emit.concurrent,
     "batch": emit.batch,
+    "replica-acks": replicas.measure,
     "ws-ingest": emit.ws_ingest,
     "handoff-100": fanout.handoff_100,
     "handoff-1000": fanout.handoff_1000,
