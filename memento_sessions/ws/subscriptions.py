@@ -23,10 +23,12 @@ import pydantic_core
 from pydantic import Field
 
 from memento_sessions import keys
+from memento_sessions.backends import UNANSWERED
 from memento_sessions.errors import Conflict, InvalidParams
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_REFUSED
 from memento_sessions.redisio.fanout import Fanout
+from memento_sessions.retry import Failures
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.frames import event_frame, frame_head, frame_seq, member_seq
 from memento_sessions.sessions.manager import SessionManager
@@ -129,16 +131,28 @@ class Subscription:
         self._take_pending()
 
     async def catch_up(self) -> None:
-        """Replay everything after last_seq from the ZSET, then the held frames, then go live."""
+        """Replay everything after last_seq from the ZSET, then the held frames, then go live.
+
+        Redis not answering (a failover still under way: CLUSTERDOWN, a lost connection) is retried after the
+        reconnect policy's pauses, holding live frames meanwhile: live without the replay, the subscription
+        would never see that the history went back, and take the events given its lost seqs for duplicates."""
         if self.closed:
             return
+        failures = Failures(self.fanout.backoff)
         with anyio.CancelScope() as self._replay:
-            try:
-                await self._replay_events()
-            except Exception as exc:  # a backend error: the next reconnect or gap retries
-                log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
-                self.live = True
-                return
+            while True:
+                try:
+                    await self._replay_events()
+                    break
+                except UNANSWERED as exc:
+                    pause = failures.failed()
+                    log.warning("catch-up failed; retrying", session_id=self.session_id, error=repr(exc),
+                                retry_in=round(pause, 3))
+                    await anyio.sleep(pause)
+                except Exception as exc:  # e.g. the session is gone: the next reconnect or gap tries again
+                    log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
+                    self.live = True
+                    return
             self._flush_pending()
         self._replay = None
 
