@@ -146,8 +146,9 @@ class Subscription:
                     break
                 except UNANSWERED as exc:
                     pause = failures.failed()
-                    log.warning("catch-up failed; retrying", session_id=self.session_id, error=repr(exc),
-                                retry_in=round(pause, 3))
+                    if failures.count == 1:  # one line per outage and subscription, not one per try
+                        log.warning("catch-up failed; retrying", session_id=self.session_id, error=repr(exc),
+                                    retry_in=round(pause, 3))
                     await anyio.sleep(pause)
                 except Exception as exc:  # e.g. the session is gone: the next reconnect or gap tries again
                     log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
