@@ -242,6 +242,8 @@ class Client(Methods):
         sub = self._subs.get(params.get("sessionId", ""))
         if method == "session.event" and sub is not None:
             sub.deliver(params)
+        elif method == "session.recovery" and sub is not None:
+            sub.recover(params)
         elif method == "session.checkpoint" and sub is not None:
             sub.last_checkpoint = params
         elif method == "sessions.announce":
