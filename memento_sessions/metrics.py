@@ -66,6 +66,8 @@ LEASE_CONFLICT_ALERTS = Counter("memento_lease_conflict_alerts_total",
 STALE_LEASE_REFUSALS = Counter("memento_stale_lease_refusals_total", "Emits refused for an old fencingToken")
 MAILBOX_MESSAGES = Counter("memento_mailbox_messages_total", "Mailbox copies sent (stored, or a duplicate id)",
                            ["outcome"])
+HOOK_ANSWERS = Counter("memento_hook_answers_total", "Hook inputs answered, or allowed unread: malformed, "
+                       "unknown_event", ["outcome"])
 MAILBOX_DROPPED = Counter("memento_mailbox_dropped_total", "Oldest messages dropped at MEMENTO_MAILBOX_MAX")
 MAILBOX_REFUSED = Counter("memento_mailbox_refused_total",
                           "mailbox.send refused: mailbox_limit (MEMENTO_MAILBOXES_MAX), unknown_agent, id_taken",
@@ -89,6 +91,7 @@ KNOWN_LABELS: dict[Counter, tuple[str, ...]] = {
     LEASE_ACQUIRES: ("granted", "refused", "lease_limit"),
     LEASE_ENDS: ("released", "expired", "orphaned"),
     MAILBOX_MESSAGES: ("stored", "duplicate"),
+    HOOK_ANSWERS: ("answered", "malformed", "unknown_event"),
     LIFECYCLE: ("suspended", "kept", "resumed", "cleared", "forked", "archived"),
 }
 for _counter, _values in KNOWN_LABELS.items():

@@ -1,4 +1,5 @@
-"""JSON-RPC methods of coordination (presence.*, lease.*, mailbox.*) and its hooks on the session methods.
+"""JSON-RPC methods of coordination (presence.*, lease.*, mailbox.*, hook.answer) and its hooks on the session
+methods.
 
 The hooks wrap methods already in the registry rather than editing them: every method notes the caller
 as active (presence, liveness); session.join/subscribe/leave/unsubscribe move presence; event.emit and
@@ -26,6 +27,7 @@ from pydantic import (
 from memento_sessions.auth import MAX_ROLES, ROLE
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import touched
+from memento_sessions.coordination.answers import HookAnswers
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
@@ -119,6 +121,21 @@ class AckParams(Params):
     messageIds: list[ClientId] = Field(min_length=1, max_length=1000)
 
 
+class StatusParams(Params):
+    messageId: ClientId
+
+
+class SurfaceParams(Params):
+    limit: int = Field(default=20, ge=1, le=100)
+
+
+class HookParams(Params):
+    input: JsonValue  # Claude Code's hook input as it came: anything malformed is answered `{}` and counted
+    root: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None  # the project root
+    leases: Literal["off", "warn", "enforce"] | None = None  # the lease policy (default MEMENTO_HOOK_LEASES)
+    claimTtl: int | None = Field(default=None, ge=0, le=3600)  # an edit's claim (default MEMENTO_HOOK_CLAIM_TTL)
+
+
 Handler = Callable[[Call, Any], Awaitable[Result]]
 
 
@@ -166,7 +183,25 @@ def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]
         "lease.acquire": (AcquireParams, acquire, write), "lease.renew": (RenewParams, renew, write),
         "lease.release": (ReleaseParams, release, write), "lease.list": (ListLeasesParams, list_, read),
         "mailbox.send": (SendParams, send, write), "mailbox.read": (ReadParams, read_, read),
-        "mailbox.ack": (AckParams, ack, write)}
+        "mailbox.ack": (AckParams, ack, write), **loop_methods(coord)}
+
+
+def loop_methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]:
+    """What brings the swarm back into an agent's context: receipts, notices, the hooks' answers."""
+    async def status(call: Call, p: StatusParams) -> Result:
+        return await coord.mailbox.receipts.status(call.identity, p.messageId)
+
+    async def surface(call: Call, p: SurfaceParams) -> Result:
+        return {"notices": await coord.mailbox.surface(call.identity, p.limit)}
+
+    answers = HookAnswers(coord)
+
+    async def hook_answer(call: Call, p: HookParams) -> Result:
+        return {"output": await answers.answer(call.identity, p.input, p.root, p.leases, p.claimTtl)}
+
+    return {"mailbox.status": (StatusParams, status, "sessions:read"),
+            "mailbox.surface": (SurfaceParams, surface, "sessions:write"),
+            "hook.answer": (HookParams, hook_answer, "sessions:write")}
 
 
 def wrap(registry: Registry, name: str, make: Callable[[Handler], Handler]) -> None:

@@ -30,6 +30,7 @@ class Coordination:
 
     def __init__(self, manager: SessionManager, fanout: Fanout | None, graphs: Graphs | None, settings: Settings,
                  daemon_id: str) -> None:
+        self.manager, self.settings = manager, settings
         self.store = CoordStore(manager.redis, manager.store.pipe)
         self.presence = Presence(self.store, settings, daemon_id)
         self.leases = Leases(self.store, graphs, settings)
@@ -44,12 +45,13 @@ class Coordination:
             log.warning("coordination library not loaded yet; Redis unavailable", error=repr(exc))
         try:
             async with anyio.create_task_group() as tg:
-                self.presence.spawn = lambda work: tg.start_soon(work)
+                self.presence.spawn = self.mailbox.spawn = lambda work: tg.start_soon(work)
                 tg.start_soon(self.presence.heartbeat)
                 tg.start_soon(self.leases.reaper)
                 task_status.started()
         finally:
-            self.presence.spawn = None  # connections closing after this (shutdown) start no task in a dead group
+            # connections closing after this (shutdown) start no task in a dead group
+            self.presence.spawn = self.mailbox.spawn = None
 
     async def connect(self, call: Call) -> None:
         """A new connection (the gateway runs this connect hook of the registry before it accepts the WebSocket):
