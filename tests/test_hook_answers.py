@@ -11,19 +11,21 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
+from websockets.asyncio.client import connect
 
 from memento_sessions import cli_hook
 from memento_sessions.backends import Backends
 from memento_sessions.ingest.claude_hooks import HOOK_EVENTS
 from memento_sessions.server.daemon import Daemon
 from tests.helpers import sample, token
-from tests.rpcsocket import rpc
+from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
 HOOK = [str(Path(sys.executable).with_name("memento-sessions")), "hook"]
@@ -172,3 +174,43 @@ async def test_an_http_hook_without_a_valid_token_is_refused(daemon: Daemon, nam
 
 def test_the_command_hook_takes_the_events_the_converter_knows() -> None:
     assert cli_hook.EVENTS == HOOK_EVENTS
+
+
+async def test_a_session_acts_as_its_tokens_own_agent_and_no_other(
+        ask: Ask, daemon: Daemon, namespace: str, tmp_path: Path) -> None:
+    """The session's events, claims and mailbox are `<sub>:<session>`'s; another token naming the same Claude
+    session id is another agent (`mallory:aaaa1111`): it cannot end A's claims nor pass A's lease."""
+    await ask(edit(A), {})
+    await ask(edit(A, "PostToolUse"), {})
+    flushed = await anyio.to_thread.run_sync(lambda: subprocess.run(
+        [*HOOK, "--flush"], env={**os.environ, "MEMENTO_DATA_DIR": str(tmp_path / "agent"),
+                                 "MEMENTO_TOKEN": token("claude", namespace),
+                                 "MEMENTO_URL": f"ws://127.0.0.1:{daemon.port}/ws"},
+        capture_output=True, timeout=30, check=False, input=b""))
+    assert flushed.returncode == 0
+    async with rpc(daemon.port, token("reader", namespace)) as reader:
+        events = (await reader.call("session.get", {"sessionId": A}))["events"]
+    assert {event["actor"] for event in events} == {AGENT_A}
+    assert any(event["type"] == "modified" for event in events) and not any(e["type"] == "conflict" for e in events)
+
+    headers = {"Authorization": f"Bearer {token('mallory', namespace)}", "X-Memento-Hook-Leases": "enforce"}
+    status, reply = await anyio.to_thread.run_sync(post, daemon.port, json.dumps(hook(A, "SessionEnd")).encode(),
+                                                   headers)
+    assert (status, json.loads(reply)) == (200, {})
+    assert await holders(daemon.port, namespace) == [AGENT_A]  # mallory:aaaa1111 ended nothing of A's
+    status, reply = await anyio.to_thread.run_sync(post, daemon.port, json.dumps(edit(A)).encode(), headers)
+    denied = json.loads(reply)["hookSpecificOutput"]
+    assert denied["permissionDecision"] == "deny" and AGENT_A in denied["permissionDecisionReason"]
+
+    async with rpc_as(daemon.port, token("mallory", namespace), A) as socket:
+        lease = await socket.call("lease.acquire", {"entityIds": ["file:src/other.py"], "ttl": 60})
+    assert await holders(daemon.port, namespace, "file:src/other.py") == ["mallory:aaaa1111"]
+    assert lease["granted"]
+
+
+@asynccontextmanager
+async def rpc_as(port: int, bearer: str, session: str) -> AsyncIterator[RpcSocket]:
+    """A /ws connection opened with `?session=`, as the command hook opens its own."""
+    url = f"ws://127.0.0.1:{port}/ws?session={session}"
+    async with connect(url, additional_headers={"Authorization": f"Bearer {bearer}"}) as ws:
+        yield RpcSocket(ws)
