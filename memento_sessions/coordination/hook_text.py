@@ -14,6 +14,7 @@ import pydantic_core
 Result = dict[str, Any]
 MAX_CONTEXT = 4000  # characters of one answer's additionalContext
 MAX_LINE = 300  # characters of one item
+MAX_NOTICE_BODY = 2000  # characters of a notice's body (encoded); a longer one is cut, read_inbox has it whole
 
 
 def cut(text: str, limit: int = MAX_LINE) -> str:
@@ -30,6 +31,17 @@ def message_line(message: Result) -> str:
     text = body if isinstance(body, str) else pydantic_core.to_json(body).decode()
     subject = f" [{message['subject']}]" if message.get("subject") else ""
     return cut(f"- message {message.get('messageId')} from {message.get('from')}{subject}: {text}")
+
+
+def notice(message: Result) -> Result:
+    """A message as an MCP tool result's notice: `kind` (message or conflict), who, what, when; a long body
+    cut to text (`truncated`)."""
+    kind = "conflict" if message.get("subject") == "lease.conflict" else "message"
+    item = {"kind": kind, **{key: message.get(key) for key in ("messageId", "from", "subject", "sentAt", "body")}}
+    text = pydantic_core.to_json(item["body"]).decode()
+    if len(text) > MAX_NOTICE_BODY:
+        item.update(body=cut(text, MAX_NOTICE_BODY), truncated=True)
+    return item
 
 
 def lease_line(lease: Result) -> str:

@@ -28,6 +28,7 @@ from memento_sessions.auth import MAX_ROLES, ROLE
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import touched
 from memento_sessions.coordination.answers import HookAnswers
+from memento_sessions.coordination.hook_text import notice
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
@@ -192,7 +193,7 @@ def loop_methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, 
         return await coord.mailbox.receipts.status(call.identity, p.messageId)
 
     async def surface(call: Call, p: SurfaceParams) -> Result:
-        return {"notices": await coord.mailbox.surface(call.identity, p.limit)}
+        return {"notices": [notice(message) for message in await coord.mailbox.surface(call.identity, p.limit)]}
 
     answers = HookAnswers(coord)
 
