@@ -233,3 +233,36 @@ async def test_the_context_is_bounded_and_says_what_was_left_out(ask: Ask, daemo
     assert len(text) <= 4000 and all(len(line) <= 300 for line in shown)
     assert len(shown) >= 5 and len(shown) + int(left) == 20  # MEMENTO_HOOK_NOTICES_MAX unread messages
     assert "note 00" in shown[0]  # oldest first
+
+
+def bash(session: str, event: str, n: int, **fields: Any) -> dict[str, Any]:
+    return hook(session, event, tool_name="Bash", tool_use_id=f"toolu_{session[:4]}_bash{n}",
+                tool_input={"command": "pytest -q"}, **fields)
+
+
+async def test_another_agent_breaking_then_fixing_what_you_lease_reaches_you_once(
+        ask: Ask, daemon: Daemon, namespace: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    async def settle() -> None:  # the command form delivers within its call; --flush waits for the rest
+        if request.node.callspec.params["ask"] == "command":
+            env = {**os.environ, "MEMENTO_DATA_DIR": str(tmp_path / "agent"),
+                   "MEMENTO_TOKEN": token("claude", namespace), "MEMENTO_URL": f"ws://127.0.0.1:{daemon.port}/ws"}
+            done = await anyio.to_thread.run_sync(lambda: subprocess.run([*HOOK, "--flush"], env=env, input=b"",
+                                                                         capture_output=True, timeout=30))
+            assert done.returncode == 0
+
+    await ask(hook(A, "SessionStart", source="startup"), {})
+    await ask(hook(B, "SessionStart", source="startup"), {})
+    await ask(edit(A), {})  # A claims src/auth.py
+    await ask(edit(B), {})  # warned, allowed
+    await ask(edit(B, "PostToolUse"), {})  # B changed it: a conflict alert for A
+    await ask(bash(B, "PreToolUse", 1), {})
+    await ask(bash(B, "PostToolUseFailure", 1, error="Exit code 1\n1 failed"), {})
+    await settle()
+    broke = context(await ask(hook(A, "UserPromptSubmit", prompt="go on"), {}))
+    assert broke.count(f"{AGENT_B} broke the build (pytest -q)") == 1 and "file:src/auth.py" in broke
+    assert "conflict" in broke
+    await ask(bash(B, "PostToolUse", 2, tool_response={"stdout": "1 passed", "stderr": "", "exit_code": 0}), {})
+    await settle()
+    fixed = context(await ask(hook(A, "UserPromptSubmit", prompt="and now?"), {}))
+    assert fixed.count(f"{AGENT_B} fixed the build (pytest -q)") == 1 and "broke the build" not in fixed
+    assert await ask(hook(A, "UserPromptSubmit", prompt="again"), {}) == {}

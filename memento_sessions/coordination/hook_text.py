@@ -14,6 +14,7 @@ import pydantic_core
 Result = dict[str, Any]
 MAX_CONTEXT = 4000  # characters of one answer's additionalContext
 MAX_LINE = 300  # characters of one item
+KINDS = {"lease.conflict": "conflict", "session.broke": "broke", "session.fixed": "fixed"}  # a notice's kind
 MAX_NOTICE_BODY = 2000  # characters of a notice's body (encoded); a longer one is cut, read_inbox has it whole
 
 
@@ -27,6 +28,11 @@ def message_line(message: Result) -> str:
         body = message["body"]
         return cut(f"- conflict: {body.get('by')} changed {body.get('entityId')}, which you lease "
                    f"({body.get('leaseId')}), in session {body.get('sessionId')} (event {body.get('eventType')}).")
+    if message.get("subject") in ("session.broke", "session.fixed") and isinstance(message.get("body"), dict):
+        body = message["body"]
+        did = "broke the build" if body.get("state") == "broken" else "fixed the build"
+        return cut(f"- {body.get('by')} {did} ({body.get('command')}) in session {body.get('sessionId')} after "
+                   f"changing {', '.join(body.get('entityIds') or [])}, which you lease.")
     body = message.get("body")
     text = body if isinstance(body, str) else pydantic_core.to_json(body).decode()
     subject = f" [{message['subject']}]" if message.get("subject") else ""
@@ -36,7 +42,7 @@ def message_line(message: Result) -> str:
 def notice(message: Result) -> Result:
     """A message as an MCP tool result's notice: `kind` (message or conflict), who, what, when; a long body
     cut to text (`truncated`)."""
-    kind = "conflict" if message.get("subject") == "lease.conflict" else "message"
+    kind = KINDS.get(str(message.get("subject")), "message")
     item = {"kind": kind, **{key: message.get(key) for key in ("messageId", "from", "subject", "sentAt", "body")}}
     text = pydantic_core.to_json(item["body"]).decode()
     if len(text) > MAX_NOTICE_BODY:

@@ -29,6 +29,7 @@ from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import touched
 from memento_sessions.coordination.answers import HookAnswers
 from memento_sessions.coordination.hook_text import notice
+from memento_sessions.coordination.outcomes import outcome_state
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
@@ -222,6 +223,8 @@ def hook(registry: Registry, coord: Coordination) -> None:
         wrap(registry, name, lambda inner: visit_hook(coord, inner))
     wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
     wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
+    for name in ("event.emit", "event.emitBatch"):
+        wrap(registry, name, lambda inner: outcome_hook(coord, inner))
     wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
     for name in [name for name, method in registry.methods.items() if method.scope == "kg:write"]:
         wrap(registry, name, lambda inner: graph_write_hook(coord, inner))
@@ -305,6 +308,24 @@ def emit_hook(coord: Coordination, inner: Handler) -> Handler:
         if conflicts and not result.get("duplicate"):
             await coord.alerts.alert(call.identity, params.sessionId, result["seq"], event, conflicts)
             result["conflicts"] = conflicts
+        return result
+    return handler
+
+
+def outcome_hook(coord: Coordination, inner: Handler) -> Handler:
+    """An emitted break or fix tells the agents that lease what its session changed (outcomes.py)."""
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        events = [params.event] if hasattr(params, "event") else params.events
+        seqs = [result["seq"]] if "seq" in result else result["seqs"]
+        duplicates = set(result.get("duplicates", ())) | ({result["seq"]} if result.get("duplicate") else set())
+        stored = [(seq, event) for seq, event in zip(seqs, events, strict=True)
+                  if seq not in duplicates and outcome_state(event)]
+        if stored:
+            try:
+                await coord.outcomes.after(call.identity, params.sessionId, stored)
+            except UNAVAILABLE as exc:  # the emit is stored: its reply must not fail
+                log.warning("outcome not told to the holders", error=repr(exc))
         return result
     return handler
 

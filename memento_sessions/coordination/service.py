@@ -13,6 +13,7 @@ from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import Alerts
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Mailbox
+from memento_sessions.coordination.outcomes import Outcomes
 from memento_sessions.coordination.presence import Conn, Presence
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.kg.graph import Graphs
@@ -36,6 +37,7 @@ class Coordination:
         self.leases = Leases(self.store, graphs, settings)
         self.mailbox = Mailbox(self.store, settings, fanout)
         self.alerts = Alerts(self.leases, self.mailbox, manager)
+        self.outcomes = Outcomes(self.leases, self.mailbox, manager)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load the library, then beat and reap until cancelled."""
