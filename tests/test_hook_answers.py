@@ -23,9 +23,10 @@ from websockets.asyncio.client import connect
 
 from memento_sessions import cli_hook
 from memento_sessions.backends import Backends
+from memento_sessions.endpoints import Endpoints
 from memento_sessions.ingest.claude_hooks import HOOK_EVENTS
-from memento_sessions.server.daemon import Daemon
-from tests.helpers import sample, token
+from memento_sessions.server.daemon import Daemon, running
+from tests.helpers import make_settings, sample, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
@@ -266,3 +267,12 @@ async def test_another_agent_breaking_then_fixing_what_you_lease_reaches_you_onc
     fixed = context(await ask(hook(A, "UserPromptSubmit", prompt="and now?"), {}))
     assert fixed.count(f"{AGENT_B} fixed the build (pytest -q)") == 1 and "broke the build" not in fixed
     assert await ask(hook(A, "UserPromptSubmit", prompt="again"), {}) == {}
+
+
+async def test_an_agent_posting_hooks_faster_than_its_rate_is_told_to_wait(backend_urls: Endpoints, tmp_path: Path,
+                                                                           namespace: str) -> None:
+    async with running(make_settings(backend_urls, tmp_path, ws_rate_limit=2.0)) as daemon:
+        headers = {"Authorization": f"Bearer {token('claude', namespace)}"}
+        body = json.dumps(hook(A, "Stop")).encode()
+        statuses = [(await anyio.to_thread.run_sync(post, daemon.port, body, headers))[0] for _ in range(6)]
+    assert statuses[:2] == [200, 200] and 429 in statuses[2:]  # a burst of 2, then 2 a second

@@ -182,14 +182,15 @@ class HookAnswers:
         """A line per other agent seen in a hook lately: its leases and its session's last events."""
         since = int((time.time() - self.settings.presence_visit) * 1000)
         members = await self.coord.store.command("ZRANGEBYSCORE", keys.hook_agents(me.namespace), since, "+inf")
+        others = [str(m) for m in members if not str(m).startswith(f"{me.agent_id}|")]
         lines = []
-        for member in [str(m) for m in members][-MAX_OTHERS:]:
+        for member in others[-MAX_OTHERS:][::-1]:  # the most recent first
             agent, _, session_id = member.partition("|")
-            if agent == me.agent_id:
-                continue
             leases = (await self.coord.leases.listed(me.namespace, agent_id=agent, limit=5))["leases"]
             held = "; ".join(lease_line(lease) for lease in leases) or "nothing"
             lines.append(f"- {agent} (session {session_id}) leases {held}; last: {await self.last(me, session_id)}")
+        if len(others) > MAX_OTHERS:
+            lines.append(f"- and {len(others) - MAX_OTHERS} more agent(s): list_leases shows what they hold")
         return lines
 
     async def last(self, me: Identity, session_id: str) -> str:

@@ -51,7 +51,8 @@ def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", gateway),
-        Route("/hooks/claude-code", hook_endpoint(gateway.registry, gateway.secret), methods=["POST"]),
+        Route("/hooks/claude-code", hook_endpoint(gateway.registry, gateway.secret, gateway.rate_limit),
+              methods=["POST"]),
         *dashboard_routes(),
     ]
     if mcp is not None:

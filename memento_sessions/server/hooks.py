@@ -19,9 +19,10 @@ from starlette.responses import JSONResponse, Response
 
 from memento_sessions.auth import AuthError, Identity, bearer, verify_token
 from memento_sessions.coordination.answers import parse, session_agent
-from memento_sessions.errors import Conflict, NotFound, RpcError
+from memento_sessions.errors import Conflict, NotFound, RateLimited, RpcError
 from memento_sessions.ingest.claude_hooks import convert_hook
 from memento_sessions.logs import get_logger
+from memento_sessions.ratelimit import Buckets
 from memento_sessions.rpc import Call, Registry
 from memento_sessions.sessions.manager import iso, now_ms
 
@@ -48,14 +49,20 @@ async def body_of(request: Request) -> Any:
         return None
 
 
-def hook_endpoint(registry: Registry, secret: str) -> Any:
-    """The route's endpoint over the daemon's registry and token secret."""
+def hook_endpoint(registry: Registry, secret: str, rate_limit: float = 0.0) -> Any:
+    """The route's endpoint over the daemon's registry and token secret; with `rate_limit` (MEMENTO_WS_RATE_LIMIT,
+    as a /ws connection), each agent may post that many hook inputs a second (429 past it: an allow)."""
+    limits = Buckets(rate_limit) if rate_limit > 0 else None
 
     async def endpoint(request: Request) -> Response:
         try:
             identity = verify_token(secret, bearer(request.headers.get("authorization")))
+            if limits is not None:
+                limits.take((identity.namespace, identity.agent_id))
         except AuthError as exc:
             return JSONResponse({"error": str(exc)}, status_code=401)
+        except RateLimited as exc:
+            return JSONResponse({"error": exc.message, **exc.data}, status_code=429)
         record = await body_of(request)
         if parse(record, None) is None:  # malformed or unknown: counted there, allowed, nothing written
             return JSONResponse({})
