@@ -315,7 +315,8 @@ def answer(record: Any) -> dict[str, Any] | None:
     from memento_sessions.cli_wire import RpcFailure, Wire, WireError
 
     try:
-        wire = Wire(daemon_url(), token, STARTED + ANSWER_BUDGET)
+        sid = record.get("session_id") if isinstance(record, dict) else None
+        wire = Wire(daemon_url(), token, STARTED + ANSWER_BUDGET, sid if isinstance(sid, str) else None)
         try:
             result = wire.call("hook.answer", answer_params(record))
         finally:
