@@ -86,6 +86,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     hook.add_argument("--flush", action="store_true", help="read no input; deliver everything spooled, "
                       "without a time budget (exit 1 when something is left)")
+    hook.add_argument("--gemini", action="store_true", help="the input is a Gemini CLI hook's, and so is the "
+                      "output (always a JSON object: {} when there is nothing to say)")
 
 
 def spool_dir() -> str:
@@ -338,6 +340,19 @@ def read_input() -> Any:
         return None
 
 
+def gemini_input(record: Any) -> Any:
+    """A Gemini CLI hook input as the Claude Code one it means."""
+    from memento_sessions.ingest.gemini_hooks import to_claude
+
+    return to_claude(record)
+
+
+def gemini_answer(said: dict[str, Any] | None) -> dict[str, Any]:
+    from memento_sessions.ingest.gemini_hooks import gemini_output
+
+    return gemini_output(said or {})
+
+
 def is_hook_input(record: Any) -> bool:
     """An object naming a hook event the daemon knows (a newer Claude Code's other events are left alone)."""
     return isinstance(record, dict) and record.get("hook_event_name") in EVENTS
@@ -347,17 +362,21 @@ def run_hook(argv: list[str]) -> int:
     """The command: spool stdin's input (unless --flush), print the daemon's answer, then deliver; 0 whatever
     happened, but for --flush with something left (1)."""
     folder = spool_dir()
-    flush, answering = "--flush" in argv, 0.0
+    flush, gemini, answering = "--flush" in argv, "--gemini" in argv, 0.0
     try:
         if not flush:
             record = read_input()
+            if gemini:
+                record = gemini_input(record)
             if not is_hook_input(record):  # nothing to keep, nothing to say, nothing written
+                if gemini:
+                    sys.stdout.write("{}")  # Gemini CLI reads any other stdout as a message to show
                 return 0
             spool(record, folder)
             asked = time.monotonic()
             said = answer(record)
-            if said:
-                sys.stdout.write(json.dumps(said, ensure_ascii=False))
+            if said or gemini:
+                sys.stdout.write(json.dumps(gemini_answer(said) if gemini else said, ensure_ascii=False))
                 sys.stdout.flush()
             answering = time.monotonic() - asked  # not taken from the delivery's budget
         done = deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600)

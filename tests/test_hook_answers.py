@@ -49,8 +49,8 @@ def command_form(daemon: Daemon, data_dir: Path, namespace: str) -> Ask:
     return ask
 
 
-def post(port: int, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/hooks/claude-code", data=body, method="POST",
+def post(port: int, body: bytes, headers: dict[str, str], agent: str = "claude-code") -> tuple[int, bytes]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/hooks/{agent}", data=body, method="POST",
                                      headers={"Content-Type": "application/json", **headers})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:

@@ -1,4 +1,5 @@
-"""`POST /hooks/claude-code`: Claude Code's http hooks, answered by the daemon itself.
+"""`POST /hooks/claude-code` (Claude Code's http hooks) and `POST /hooks/gemini-cli` (a Gemini CLI hook input,
+converted by ingest/gemini_hooks.py), answered by the daemon itself.
 
 The body is the hook input a command hook would read on stdin; the bearer token is the agent's (Claude Code
 fills the Authorization header from an environment variable the hook lists in `allowedEnvVars`). The
@@ -11,16 +12,19 @@ bad token is 401, which Claude Code treats as a non-blocking error.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pydantic_core
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from memento_sessions.auth import AuthError, Identity, bearer, verify_token
 from memento_sessions.coordination.answers import parse, session_agent
 from memento_sessions.errors import Conflict, NotFound, RateLimited, RpcError
 from memento_sessions.ingest.claude_hooks import convert_hook
+from memento_sessions.ingest.gemini_hooks import gemini_output, to_claude
 from memento_sessions.logs import get_logger
 from memento_sessions.ratelimit import Buckets
 from memento_sessions.rpc import Call, Registry
@@ -49,10 +53,22 @@ async def body_of(request: Request) -> Any:
         return None
 
 
-def hook_endpoint(registry: Registry, secret: str, rate_limit: float = 0.0) -> Any:
-    """The route's endpoint over the daemon's registry and token secret; with `rate_limit` (MEMENTO_WS_RATE_LIMIT,
-    as a /ws connection), each agent may post that many hook inputs a second (429 past it: an allow)."""
+Family = tuple[Callable[[Any], Any], Callable[[dict[str, Any]], dict[str, Any]]]  # its input in, its output out
+FAMILIES: dict[str, Family] = {"claude-code": (lambda record: record, lambda answer: answer),
+                               "gemini-cli": (to_claude, gemini_output)}
+
+
+def hook_routes(registry: Registry, secret: str, rate_limit: float = 0.0) -> list[Route]:
+    """`POST /hooks/<agent>` for every agent family, one rate limit for them all."""
     limits = Buckets(rate_limit) if rate_limit > 0 else None
+    return [Route(f"/hooks/{name}", hook_endpoint(registry, secret, limits, family), methods=["POST"])
+            for name, family in FAMILIES.items()]
+
+
+def hook_endpoint(registry: Registry, secret: str, limits: Buckets | None, family: Family) -> Any:
+    """The route's endpoint over the daemon's registry and token secret; with `limits` (MEMENTO_WS_RATE_LIMIT,
+    as a /ws connection), each agent may post that many hook inputs a second (429 past it: an allow)."""
+    convert, answer = family
 
     async def endpoint(request: Request) -> Response:
         try:
@@ -63,7 +79,7 @@ def hook_endpoint(registry: Registry, secret: str, rate_limit: float = 0.0) -> A
             return JSONResponse({"error": str(exc)}, status_code=401)
         except RateLimited as exc:
             return JSONResponse({"error": exc.message, **exc.data}, status_code=429)
-        record = await body_of(request)
+        record = convert(await body_of(request))
         if parse(record, None) is None:  # malformed or unknown: counted there, allowed, nothing written
             return JSONResponse({})
         params: dict[str, Any] = {"input": record}
@@ -76,7 +92,7 @@ def hook_endpoint(registry: Registry, secret: str, rate_limit: float = 0.0) -> A
         except RpcError as exc:  # a backend away, a token without the scope: the tool call goes on
             log.info("hook not answered", error=exc.message, agent_id=identity.agent_id)
             return JSONResponse({})
-        return JSONResponse(result["output"])
+        return JSONResponse(answer(result["output"]))
 
     return endpoint
 
