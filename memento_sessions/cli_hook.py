@@ -185,9 +185,9 @@ def refused_for_good(exc: RpcFailure) -> bool:
     return exc.code in (INVALID, CONFLICT)
 
 
-def deliver(folder: str, deadline: float) -> bool:
+def deliver(folder: str, deadline: float, kept: dict[str, Wire] | None = None) -> bool:
     """Trim the spool to its cap, then send the spooled inputs in order, a chunk at a time, until done or the
-    deadline; True when nothing is left."""
+    deadline; True when nothing is left. `kept`: connections already open, by session (the answer's)."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     try:
         with Locked(os.path.join(folder, "deliver.lock"), os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
@@ -198,7 +198,7 @@ def deliver(folder: str, deadline: float) -> bool:
             from memento_sessions.cli_wire import WireError
 
             try:
-                return _deliver(folder, Wires(daemon_url(), token, deadline))
+                return _deliver(folder, Wires(daemon_url(), token, deadline, kept or {}))
             except WireError:  # the daemon is away, or the deadline came
                 return False
     except BlockingIOError:  # another hook is delivering
@@ -209,9 +209,12 @@ class Wires:
     """One connection per Claude Code session, opened when first needed: each session's events are its own
     agent's (the daemon derives it from the token and `?session=`)."""
 
-    def __init__(self, url: str, token: str, deadline: float) -> None:
+    def __init__(self, url: str, token: str, deadline: float, kept: dict[str, Wire]) -> None:
         self.url, self.token, self.deadline = url, token, deadline
         self.open: dict[str, Wire] = {}
+        while kept:  # taken over: closed with the others
+            sid, wire = kept.popitem()
+            wire.deadline, self.open[sid] = deadline, wire
 
     def of(self, sid: str) -> Wire:
         from memento_sessions.cli_wire import Wire
@@ -309,22 +312,25 @@ def answer_params(record: Any) -> dict[str, Any]:
     return params
 
 
-def answer(record: Any) -> dict[str, Any] | None:
-    """The daemon's hook output for the input (None: nothing to say, or no daemon to ask)."""
+def answer(record: Any, kept: dict[str, Wire]) -> dict[str, Any] | None:
+    """The daemon's hook output for the input (None: nothing to say, or no daemon to ask). Its connection, the
+    session's own agent's, is kept in `kept` for the delivery that follows."""
     token = os.environ.get("MEMENTO_TOKEN")
-    if not token:
+    sid = record.get("session_id") if isinstance(record, dict) else None
+    if not token or not isinstance(sid, str):
         return None
     from memento_sessions.cli_wire import RpcFailure, Wire, WireError
 
     try:
-        sid = record.get("session_id") if isinstance(record, dict) else None
-        wire = Wire(daemon_url(), token, STARTED + ANSWER_BUDGET, sid if isinstance(sid, str) else None)
+        wire = Wire(daemon_url(), token, STARTED + ANSWER_BUDGET, sid)
         try:
             result = wire.call("hook.answer", answer_params(record))
-        finally:
+        except BaseException:
             wire.close()
+            raise
     except (WireError, RpcFailure, OSError):
         return None
+    kept[sid] = wire
     output = result.get("output") if isinstance(result, dict) else None
     return output if isinstance(output, dict) and output else None
 
@@ -363,6 +369,7 @@ def run_hook(argv: list[str]) -> int:
     happened, but for --flush with something left (1)."""
     folder = spool_dir()
     flush, gemini, answering = "--flush" in argv, "--gemini" in argv, 0.0
+    kept: dict[str, Wire] = {}
     try:
         if not flush:
             record = read_input()
@@ -374,14 +381,17 @@ def run_hook(argv: list[str]) -> int:
                 return 0
             spool(record, folder)
             asked = time.monotonic()
-            said = answer(record)
+            said = answer(record, kept)
             if said or gemini:
                 sys.stdout.write(json.dumps(gemini_answer(said) if gemini else said, ensure_ascii=False))
                 sys.stdout.flush()
             answering = time.monotonic() - asked  # not taken from the delivery's budget
-        done = deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600)
+        done = deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600, kept)
     except Exception:  # a hook must never fail the agent's tool call, nor print to it
         return 0
+    finally:
+        for wire in kept.values():  # not taken over by a delivery (another hook is delivering)
+            wire.close()
     return 0 if done or not flush else 1
 
 
