@@ -163,6 +163,17 @@ def mailbox_keys(ns: str, agent_id: str) -> tuple[str, str, str]:
     return f"{base}:inbox", f"{base}:messages", f"{base}:acked"
 
 
+def surfaced_key(ns: str, agent_id: str) -> str:
+    """STRING: the seq of the newest mailbox message surfaced to the agent's context (a hook's answer, an MCP
+    tool's notices); in the mailbox's hash tag, so one Function call reads the mailbox and moves it."""
+    return f"{PREFIX}:{ns}:{{{ns}/agent/{agent_id}}}:surfaced"
+
+
+def hook_agents(ns: str) -> str:
+    """ZSET `<agentId>|<sessionId>` -> ms of the agent's last hook call: who works in the namespace now."""
+    return f"{coord_base(ns)}:hook-agents"
+
+
 def token_roles(ns: str) -> str:
     """SET of the roles some token seen in the namespace grants: `presence.set` cannot claim them."""
     return f"{coord_base(ns)}:token-roles"
@@ -183,6 +194,12 @@ def mail_keys(ns: str) -> tuple[str, str]:
 def mail_body(ns: str, message_id: str) -> str:
     """STRING: one sent message's sender, subject and body, stored once however many mailboxes hold it."""
     return f"{PREFIX}:{ns}:{{{ns}/mail}}:body:{message_id}"
+
+
+def mail_receipts(ns: str, message_id: str) -> str:
+    """HASH of one sent message's receipts: `<agentId>|<stage>` -> ISO time (stage: stored, pushed, surfaced,
+    acked), and `#channel`, the sender's channel their changes are pushed on. Beside the message's body."""
+    return f"{PREFIX}:{ns}:{{{ns}/mail}}:receipts:{message_id}"
 
 
 def presence_key(ns: str, session_id: str) -> str:

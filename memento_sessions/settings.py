@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     mailboxes_max: int = Field(default=10_000, ge=1, le=10_000_000)  # agents with a mailbox, per namespace
     mailbox_unknown_agents: bool = False  # let a send reach an agent never seen in the namespace
     agents_known_max: int = Field(default=100_000, ge=1, le=10_000_000)  # agents a namespace remembers as seen
+    hook_leases: Literal["off", "warn", "enforce"] = "warn"  # the hooks' lease policy on file edits
+    hook_claim_ttl: int = Field(default=600, ge=0, le=3600)  # seconds of an edit's claim on its file (0: none)
+    hook_notices_max: int = Field(default=20, ge=1, le=100)  # messages one hook answer or tool result surfaces
+    hook_agents_max: int = Field(default=1000, ge=10, le=100_000)  # agents a namespace lists as at work now
     auto_compact: bool = True
     compact_keep: int = Field(default=1000, ge=0, le=100_000_000)
     snapshot_max_bytes: int = Field(default=32 * 1024 * 1024, ge=64 * 1024, le=16 * 1024 * 1024 * 1024)

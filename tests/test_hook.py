@@ -213,7 +213,8 @@ async def test_a_suspended_session_is_resumed_not_created_again(daemon: Daemon, 
 
 async def test_a_completed_session_sets_the_input_aside_and_the_spool_moves_on(daemon: Daemon, tmp_path: Path,
                                                                                 namespace: str) -> None:
-    env = hook_env(tmp_path, namespace, daemon.port)
+    # No claims: claude-c's edit would lease src/f0.py, and claude-d's edit of it would add a conflict event.
+    env = {**hook_env(tmp_path, namespace, daemon.port), "MEMENTO_HOOK_CLAIM_TTL": "0"}
     assert (await anyio.to_thread.run_sync(run_hook, env, hook_input("claude-c", 0))).returncode == 0
     async with rpc(daemon.port, token("alice", namespace)) as peer:
         await peer.call("session.checkpoint", {"sessionId": "claude-c", "final": True})

@@ -451,21 +451,70 @@ local function post(keys, args)
   return 'OK'
 end
 
--- ARGV: message ids. Marks those still stored as read; returns how many. The acked set may be new (a trim
+-- ARGV: message ids. Marks those still stored as read; returns their ids. The acked set may be new (a trim
 -- can empty it): it gets the mailbox's keep-until expiry.
 local function ack(keys, args)
-  local count = 0
+  local count, acked = 0, {}
   for _, id in ipairs(args) do
     if redis.call('ZSCORE', keys[1], id) then
       redis.call('SADD', keys[3], id)
       count = count + 1
+      table.insert(acked, id)
     end
   end
   local kept = redis.call('HGET', keys[2], '@')
   if count > 0 and kept and redis.call('EXPIRETIME', keys[3]) < tonumber(kept) then
     redis.call('EXPIREAT', keys[3], kept)
   end
-  return count
+  return acked
+end
+
+-- What is new for an agent's context. KEYS = the mailbox's {order, messages, acked} and its surfaced cursor;
+-- ARGV: limit. Returns the stored JSON of up to `limit` messages after the cursor, unacked ones only, and
+-- moves the cursor past every message it looked at, in one call: two concurrent hooks of one agent never
+-- surface one message twice. The cursor lives as long as the mailbox.
+local function surface(keys, args)
+  local cursor = tonumber(redis.call('GET', keys[4]) or '0')
+  local found = redis.call('ZRANGEBYSCORE', keys[1], '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, tonumber(args[1]))
+  if #found == 0 then return {} end
+  local out = {}
+  for i = 1, #found, 2 do
+    if redis.call('SISMEMBER', keys[3], found[i]) == 0 then
+      local message = redis.call('HGET', keys[2], found[i])
+      if message then table.insert(out, message) end
+    end
+  end
+  redis.call('SET', keys[4], found[#found])
+  local kept = redis.call('HGET', keys[2], '@')
+  if kept then redis.call('EXPIREAT', keys[4], kept) else redis.call('EXPIRE', keys[4], KEEP) end
+  return out
+end
+
+-- A message's receipts (keys.mail_receipts), one stage for one recipient over several messages. KEYS = the
+-- messages' receipt hashes; ARGV: agent, stage, at (ISO time), channel, until, then the message ids (one per
+-- key). With a channel (the sender's, at `stored`) the hash is created and kept until `until` (unix seconds)
+-- plus SLACK; without one, a message with no receipts (a conflict alert, an expired one) gets nothing. Each
+-- stage keeps its first time; a new one is pushed to the sender's channel as `mailbox.receipt`. Returns how
+-- many were new.
+local function receipt(keys, args)
+  local agent, stage, at, channel, ends = args[1], args[2], args[3], args[4], tonumber(args[5])
+  local new = 0
+  for i = 1, #keys do
+    local id = args[5 + i]
+    if channel ~= '' then
+      redis.call('HSETNX', keys[i], '#channel', channel)
+      if redis.call('EXPIRETIME', keys[i]) < ends + SLACK then redis.call('EXPIREAT', keys[i], ends + SLACK) end
+    end
+    if redis.call('EXISTS', keys[i]) == 1 and redis.call('HSETNX', keys[i], agent .. '|' .. stage, at) == 1 then
+      new = new + 1
+      if stage ~= 'stored' then
+        local params = cjson.encode({messageId = id, agentId = agent, stage = stage, at = at})
+        redis.call('PUBLISH', redis.call('HGET', keys[i], '#channel'),
+                   '{"jsonrpc":"2.0","method":"mailbox.receipt","params":' .. params .. '}')
+      end
+    end
+  end
+  return new
 end
 
 -- Fencing, session side. KEYS = {session hash, idempotency hash}; ARGV: (entityId, token) pairs, the
@@ -492,7 +541,8 @@ end
 
 -- One table, one loop (the load-time sandbox has no pairs/ipairs: a numeric for it is).
 local FUNCTIONS = {{'mc_acquire', acquire}, {'mc_renew', renew}, {'mc_release', release}, {'mc_reap', reap},
-                   {'mc_send', send}, {'mc_ack', ack}, {'mc_post', post}, {'mc_fence_sync', fence_sync},
+                   {'mc_send', send}, {'mc_ack', ack}, {'mc_post', post},
+                   {'mc_surface', surface}, {'mc_receipt', receipt}, {'mc_fence_sync', fence_sync},
                    {'mc_graph_changed', graph_changed}}
 for i = 1, #FUNCTIONS do redis.register_function(FUNCTIONS[i][1], FUNCTIONS[i][2]) end
 redis.register_function{function_name = 'mc_holds', callback = holds, flags = {'no-writes'}}

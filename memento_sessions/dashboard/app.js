@@ -583,11 +583,18 @@ async function loadPresence(first = false) {
   }, first);
 }
 
+// A Claude Code session's own agent is `<token's agent>:<8 characters of the session id>`: its parent is the first part.
+function parentOf(agentId) {
+  const m = /^(.+):[A-Za-z0-9]{8}$/.exec(agentId);
+  return m ? m[1] : "";
+}
+
 function drawPresence() {
   const d = app.detail;
   if (!d || !d.presence) return;
   const agents = [...d.presence.values()].sort((a, b) => a.agentId.localeCompare(b.agentId));
   lines($("#presence"), agents, (a) => [span(a.agentId, "actor"), span(` ${a.status}`, `presence ${a.status}`),
+    span(parentOf(a.agentId) ? ` · session of ${parentOf(a.agentId)}` : "", "dim"),
     span(a.connections ? ` · ${a.connections} conn` : "", "dim"), span(a.lastSeen ? ` · ${ago(a.lastSeen)}` : "", "dim")],
   "nobody here", (a) => ({ agent: a.agentId, status: a.status }));
 }

@@ -92,7 +92,14 @@ _OPEN = ConfigDict(extra="allow")
 
 
 @with_config(_OPEN)
-class Created(TypedDict):
+class Noticed(TypedDict):
+    """What every tool's result may add: the caller's messages and conflict alerts not surfaced to it yet."""
+
+    notices: NotRequired[list[Json]]
+
+
+@with_config(_OPEN)
+class Created(Noticed):
     sessionId: str
     state: SessionState
     seq: int
@@ -102,7 +109,7 @@ class Created(TypedDict):
 
 
 @with_config(_OPEN)
-class Joined(TypedDict):
+class Joined(Noticed):
     sessionId: str
     agentIds: list[str]
     state: SessionState
@@ -110,7 +117,7 @@ class Joined(TypedDict):
 
 
 @with_config(_OPEN)
-class Emitted(TypedDict):
+class Emitted(Noticed):
     seq: int
     duplicate: bool
 
@@ -135,7 +142,7 @@ class SessionView(TypedDict):
 
 
 @with_config(_OPEN)
-class SessionDetail(TypedDict):
+class SessionDetail(Noticed):
     """A page of events (`events`, `nextSince` when more exist), or the condensed view (the other keys)."""
 
     session: SessionView
@@ -151,13 +158,13 @@ class SessionDetail(TypedDict):
 
 
 @with_config(_OPEN)
-class SessionList(TypedDict):
+class SessionList(Noticed):
     sessions: list[SessionView]
     nextCursor: NotRequired[str]
 
 
 @with_config(_OPEN)
-class Checkpoint(TypedDict):
+class Checkpoint(Noticed):
     checkpointId: str
     outcome: str
     brokeDuring: bool
@@ -183,7 +190,7 @@ class Transition(TypedDict):
 
 
 @with_config(_OPEN)
-class Transitions(TypedDict):
+class Transitions(Noticed):
     transitions: list[Transition]
     source: Source
 
@@ -196,7 +203,7 @@ class EntityImpact(TypedDict):
 
 
 @with_config(_OPEN)
-class Isolated(TypedDict):
+class Isolated(Noticed):
     agentId: str
     events: list[Json]
     nextSince: NotRequired[int]
@@ -207,7 +214,7 @@ class Isolated(TypedDict):
 
 
 @with_config(_OPEN)
-class Handoff(TypedDict):
+class Handoff(Noticed):
     sessionId: str
     state: str
     agentIds: list[str]
@@ -221,7 +228,7 @@ class Handoff(TypedDict):
 
 
 @with_config(_OPEN)
-class Outcomes(TypedDict):
+class Outcomes(Noticed):
     clusterName: str | None
     specTitles: list[str]
     recentSessions: list[Any]

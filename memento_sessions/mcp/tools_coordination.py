@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, cast
 
 from mcp_types import ToolAnnotations
 from pydantic import ConfigDict, Field, JsonValue, StrictBool, StrictInt, with_config
-from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
 from memento_sessions.coordination.methods import (
     AcquireParams,
@@ -20,7 +19,7 @@ from memento_sessions.coordination.methods import (
     Recipient,
     RenewParams,
 )
-from memento_sessions.mcp.models import Bounds
+from memento_sessions.mcp.models import Bounds, Noticed
 from memento_sessions.sessions.models import ClientId, EntityId, ShortText
 
 if TYPE_CHECKING:
@@ -61,16 +60,17 @@ InboxSince = Annotated[StrictInt, Bounds(ReadParams, "since"), Field(
     description="Only messages with seq greater than this: 0 first, then the previous reply's nextSince.")]
 InboxLimit = Annotated[StrictInt, Bounds(ReadParams, "limit"), Field(description="At most this many messages.")]
 UnreadOnly = Annotated[StrictBool, Field(description="True to skip messages you acknowledged.")]
+SentId = Annotated[ClientId, Field(description="The messageId send_message returned.")]
 MessageIds = Annotated[list[ClientId], Field(min_length=1, max_length=1000, description="The messageIds to mark read.")]
 
 
 @with_config(_OPEN)
-class Here(TypedDict):
+class Here(Noticed):
     agents: list[Json]
 
 
 @with_config(_OPEN)
-class Lease(TypedDict):
+class Lease(Noticed):
     leaseId: str | None
     granted: bool
     conflicts: list[Json]
@@ -80,42 +80,48 @@ class Lease(TypedDict):
 
 
 @with_config(_OPEN)
-class Renewed(TypedDict):
+class Renewed(Noticed):
     leaseId: str
     expiresAt: str
 
 
 @with_config(_OPEN)
-class Released(TypedDict):
+class Released(Noticed):
     leaseId: str
     released: bool
 
 
 @with_config(_OPEN)
-class LeaseList(TypedDict):
+class LeaseList(Noticed):
     leases: list[Json]
     nextCursor: NotRequired[str]
 
 
 @with_config(_OPEN)
-class Sent(TypedDict):
+class Sent(Noticed):
     messageId: str
     recipients: list[str]
 
 
 @with_config(_OPEN)
-class Inbox(TypedDict):
+class Inbox(Noticed):
     messages: list[Json]
     nextSince: NotRequired[int]
 
 
 @with_config(_OPEN)
-class Acked(TypedDict):
+class Acked(Noticed):
     acked: int
 
 
+@with_config(_OPEN)
+class Receipt(Noticed):
+    messageId: str
+    recipients: list[Json]
+
+
 class CoordinationTools:
-    """The eight coordination tools over one `call`."""
+    """The nine coordination tools over one `call`."""
 
     def __init__(self, call: Call) -> None:
         self.call = call
@@ -180,11 +186,18 @@ class CoordinationTools:
         you do not have is ignored. Unacked messages stay until their TTL, so ack what you acted on."""
         return cast(Acked, await self.call("mailbox.ack", {"messageIds": messageIds}))
 
+    async def message_status(self, messageId: SentId) -> Receipt:
+        """See how far a message you sent has got, per recipient: when it was stored in their mailbox, pushed
+        to a live connection of theirs, surfaced in their context (a hook or a tool's notices) and acked. A
+        stage not reached yet is null. Fails with not found (-32004) for a message you did not send or that
+        expired."""
+        return cast(Receipt, await self.call("mailbox.status", {"messageId": messageId}))
+
     def registrations(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
         """Every coordination tool with its annotations."""
         return [(self.who_is_here, READ), (self.acquire_lease, WRITE), (self.renew_lease, IDEMPOTENT),
                 (self.release_lease, IDEMPOTENT), (self.list_leases, READ), (self.send_message, WRITE),
-                (self.read_inbox, READ), (self.ack_messages, IDEMPOTENT)]
+                (self.read_inbox, READ), (self.ack_messages, IDEMPOTENT), (self.message_status, READ)]
 
 
 def registrations(tools: Tools) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
@@ -193,4 +206,4 @@ def registrations(tools: Tools) -> list[tuple[Callable[..., Any], ToolAnnotation
 
 
 NAMES = frozenset({"who_is_here", "acquire_lease", "renew_lease", "release_lease", "list_leases", "send_message",
-                   "read_inbox", "ack_messages"})
+                   "read_inbox", "ack_messages", "message_status"})
