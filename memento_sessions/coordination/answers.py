@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from memento_sessions import keys
-from memento_sessions.auth import Identity
+from memento_sessions.auth import SESSION_ID, Identity, session_agent
 from memento_sessions.coordination.hook_text import event_line, fit, lease_line, message_line
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.errors import NotFound
@@ -38,22 +37,8 @@ Result = dict[str, Any]
 EVENTS = frozenset(HOOK_EVENTS)
 EDIT_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 NEWS = frozenset({"UserPromptSubmit", "PostToolUse", "PostToolUseFailure"})
-SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
-SHORT = 8  # characters of a session id in its agent's id
 MAX_OTHERS = 8  # other agents a SessionStart describes (the rest counted)
 MAX_LISTED = 100  # leases read per agent
-RESERVED = ("role", "session")  # recipients' prefixes: such a subject keeps one agent for all its sessions
-
-
-def session_agent(who: Identity, session_id: str) -> Identity:
-    """The caller acting as its Claude Code session: `<sub>:<first 8 of the session id>` in its own namespace.
-    Left as it is when that id would be too long or read as a recipient prefix (a subject `role` or `session`),
-    and when it already is that session's agent."""
-    short = re.sub(r"[^A-Za-z0-9]", "", session_id)[:SHORT]
-    agent = f"{who.agent_id}:{short}"
-    if not short or len(agent) > 128 or who.agent_id in RESERVED or who.agent_id.endswith(f":{short}"):
-        return who  # (the last: already that session's agent, as a connection opened with ?session= is)
-    return replace(who, agent_id=agent)
 
 
 @dataclass(frozen=True, slots=True)

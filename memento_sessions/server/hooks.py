@@ -3,7 +3,7 @@ converted by ingest/gemini_hooks.py), answered by the daemon itself.
 
 The body is the hook input a command hook would read on stdin; the bearer token is the agent's (Claude Code
 fills the Authorization header from an environment variable the hook lists in `allowedEnvVars`). The
-input's events go into its session as the session's own agent (answers.session_agent) and the reply is
+input's events go into its session as the session's own agent (auth.session_agent) and the reply is
 the hook JSON output of `hook.answer`, the same answer `memento-sessions hook` prints. Anything the daemon
 cannot answer (a malformed input, a backend away) is answered `{}`: the tool call goes on. A missing or
 bad token is 401, which Claude Code treats as a non-blocking error.
@@ -20,8 +20,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from memento_sessions.auth import AuthError, Identity, bearer, verify_token
-from memento_sessions.coordination.answers import parse, session_agent
+from memento_sessions.auth import AuthError, Identity, bearer, session_agent, verify_token
+from memento_sessions.coordination.answers import parse
 from memento_sessions.errors import Conflict, NotFound, RateLimited, RpcError
 from memento_sessions.ingest.claude_hooks import convert_hook
 from memento_sessions.ingest.gemini_hooks import gemini_output, to_claude

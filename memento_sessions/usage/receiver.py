@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from memento_sessions.auth import Identity, bearer, verify_token
+from memento_sessions.auth import Identity, bearer, session_agent, verify_token
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import AuthError, Forbidden, RateLimited
 from memento_sessions.logs import get_logger
@@ -116,7 +116,9 @@ class OtlpReceiver:
             for session_id, ops in batch.ops.items():
                 if session_id is None:
                     await self.store.unattached(who.namespace, who.agent_id, source, ops)
-                elif not await self.store.fold(who.namespace, session_id, who.agent_id, source, ops):
+                # a Claude Code session is its own agent of the token, as its hook's events are (auth.session_agent)
+                elif not await self.store.fold(who.namespace, session_id, session_agent(who, session_id).agent_id,
+                                               source, ops):
                     batch.ignored["unknown_session"] += len(ops)
         except UNAVAILABLE as exc:
             log.warning("OTLP usage not stored; the exporter retries", error=repr(exc))

@@ -17,8 +17,7 @@ import anyio
 import structlog
 from starlette.types import Receive, Scope, Send
 
-from memento_sessions.auth import AuthError, Identity, bearer, verify_token
-from memento_sessions.coordination.answers import SESSION_ID, session_agent
+from memento_sessions.auth import SESSION_ID, AuthError, Identity, bearer, session_agent, verify_token
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
 from memento_sessions.ratelimit import TokenBucket
