@@ -68,6 +68,7 @@ class Settings(BaseSettings):
     lease_max_holds: int = Field(default=100, ge=1, le=100_000)
     lease_reply_max: int = Field(default=256, ge=1, le=100_000)
     lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)
+    intent_max_expanded: int = Field(default=512, ge=0, le=100_000)  # graph entities one intent's overlaps reach
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
     mailboxes_max: int = Field(default=10_000, ge=1, le=10_000_000)  # agents with a mailbox, per namespace

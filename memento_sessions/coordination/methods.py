@@ -74,7 +74,7 @@ class RolesParams(Params):
 class AcquireParams(Params):
     entityIds: list[EntityId] = Field(min_length=1, max_length=64)
     ttl: int = Field(ge=5, le=3600)
-    mode: Literal["exclusive", "shared"] = "exclusive"
+    mode: Literal["exclusive", "shared", "intent"] = "exclusive"
     sessionId: ClientId | None = None
     reason: ShortText | None = None
 
@@ -140,7 +140,7 @@ def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]
         return await coord.presence.set_roles(call.identity, p.roles)
 
     async def acquire(call: Call, p: AcquireParams) -> Result:
-        return await coord.leases.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
+        return await coord.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
 
     async def renew(call: Call, p: RenewParams) -> Result:
         return await coord.leases.renew(call.identity, p.leaseId, p.ttl)
