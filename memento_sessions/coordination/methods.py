@@ -27,6 +27,7 @@ from memento_sessions.auth import MAX_ROLES, ROLE
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import touched
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.coordination.tasks import check_completions
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
@@ -238,9 +239,10 @@ async def write_fenced(coord: Coordination, call: Call, session_id: str, events:
                        write: Callable[[], Awaitable[Result]]) -> Result:
     """Run an emit after syncing the session's fencing marks; a stale token is counted."""
     entities = fenced(events)
-    if entities:
-        await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
     try:
+        await check_completions(coord.leases, call.identity.namespace, events)  # a task's claim fences its end
+        if entities:
+            await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
         return await write()
     except Conflict as exc:
         if isinstance(exc.data, dict) and exc.data.get("reason") == "stale_lease":
