@@ -93,6 +93,7 @@ def daemon_url() -> str:
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
+    from memento_sessions.gitstate import git_events
     from memento_sessions.ingest.claude_hooks import convert_hook
     from memento_sessions.ingest.events import _ID_OK
 
@@ -101,7 +102,7 @@ def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     if not isinstance(sid, str) or not _ID_OK.match(sid):
         return None, []
     events, _ = convert_hook(record, at=entry.get("at"), project_root=entry.get("root"))
-    return sid, events
+    return sid, events + git_events(entry)
 
 
 class Spooled:
@@ -266,6 +267,8 @@ def run_hook(argv: list[str]) -> int:
             record = json.loads(raw) if raw.strip() and len(raw) <= MAX_INPUT else None
             if not isinstance(record, dict):  # not a hook input: nothing to keep
                 return 0
+            from memento_sessions.gitstate import stamp  # SessionStart, Stop: the agent's git HEAD and dirty tree
+            stamp(record)
             spool(record, folder)
         done = deliver(folder, STARTED + BUDGET if not flush else time.monotonic() + 3600)
     except Exception:  # a hook must never fail the agent's tool call, nor print to it
