@@ -27,18 +27,56 @@ FIELD = "memento_git"  # the key of the stamp in a spooled input
 EVENT_TYPE = "git:state"
 DEFAULT_TIMEOUT = 0.5
 CHUNK = 65536
+KEPT = 65536  # bytes of a command's output kept whole (HEAD, a commit's message and files)
+COMMIT_FIELD = "memento_git_commit"  # the key of a commit's stamp in a PostToolUse input of Bash
+COMMIT_TYPE = "commit"
+MESSAGE_MAX = 4096  # characters of a commit message recorded
+FILES_MAX = 256  # files of a commit recorded (filesOmitted: how many more)
 
 
 def stamp(record: dict[str, Any]) -> None:
-    """Add the git state of the input's project directory to a SessionStart or Stop input (in place)."""
-    if record.get("hook_event_name") not in STAMPED or FIELD in record:
+    """Add the git state of the input's project directory to a SessionStart or Stop input, and the commit a
+    Bash `git commit` made to its PostToolUse input (in place)."""
+    name = record.get("hook_event_name")
+    sha = made_commit(record) if name == "PostToolUse" else None
+    if (name not in STAMPED and sha is None) or FIELD in record or COMMIT_FIELD in record:
         return
     timeout = _timeout()
-    root = os.environ.get("CLAUDE_PROJECT_DIR") or record.get("cwd")
-    if timeout > 0 and isinstance(root, str) and os.path.isdir(root):
-        found = state(root, timeout)
-        if found is not None:
-            record[FIELD] = found
+    root = record.get("cwd") if sha is not None else os.environ.get("CLAUDE_PROJECT_DIR") or record.get("cwd")
+    if timeout <= 0 or not isinstance(root, str) or not os.path.isdir(root):
+        return
+    found = state(root, timeout) if sha is None else commit(root, sha, timeout)
+    if found is not None:
+        record[FIELD if sha is None else COMMIT_FIELD] = found
+
+
+def made_commit(record: dict[str, Any]) -> str | None:
+    """The (short) SHA a successful Bash `git commit` printed (`[main 1a2b3c4] message`), if the input is one."""
+    tool_input, response = record.get("tool_input"), record.get("tool_response")
+    command = tool_input.get("command") if isinstance(tool_input, dict) else None
+    stdout = response.get("stdout") if isinstance(response, dict) else None
+    if record.get("tool_name") != "Bash" or not isinstance(command, str) or "commit" not in command \
+            or "git" not in command or not isinstance(stdout, str):
+        return None
+    import re
+
+    found = re.search(r"^\[[^\]\n]* ([0-9a-f]{7,64})\] ", stdout, re.MULTILINE)
+    return found.group(1) if found else None
+
+
+def commit(root: str, sha: str, timeout: float) -> dict[str, Any] | None:
+    """`{sha, message, files, filesOmitted?}` of the commit `sha` names in the work tree at `root`."""
+    commands = (["show", "-s", "--format=%H%x00%B", sha, "--"],
+                ["diff-tree", "--no-commit-id", "--name-only", "-r", "-z", "--root", sha, "--"])
+    outputs = run_all(root, commands, time.monotonic() + timeout, keep=(0, 1))
+    if outputs is None:
+        return None
+    full, _, message = outputs[0].decode("utf-8", "replace").partition("\0")
+    files = [name for name in outputs[1].decode("utf-8", "replace").split("\0") if name]
+    found: dict[str, Any] = {"sha": full.strip(), "message": message.strip()[:MESSAGE_MAX], "files": files[:FILES_MAX]}
+    if len(files) > FILES_MAX:
+        found["filesOmitted"] = len(files) - FILES_MAX
+    return found if len(found["sha"]) in (40, 64) else None
 
 
 def _timeout() -> float:
@@ -54,7 +92,7 @@ def state(root: str, timeout: float) -> dict[str, str] | None:
 
     commands = (["rev-parse", "--verify", "-q", "HEAD"], ["status", "--porcelain=v1", "-z"],
                 ["diff", "--no-ext-diff", "--no-color", "--binary", "HEAD"])
-    outputs = run_all(root, commands, time.monotonic() + timeout, keep=0)
+    outputs = run_all(root, commands, time.monotonic() + timeout, keep=(0,))
     if outputs is None:
         return None
     head = outputs[0].decode("ascii", "replace").strip()
@@ -62,10 +100,10 @@ def state(root: str, timeout: float) -> dict[str, str] | None:
     return {"head": head, "dirtyDigest": digest} if len(head) in (40, 64) else None
 
 
-def run_all(root: str, commands: tuple[list[str], ...], deadline: float, keep: int) -> list[bytes] | None:
-    """Run git `commands` at once in `root` until `deadline`: the output of command `keep` whole (its first 4 KiB),
-    each other's SHA-256 digest (read as it streams); None when one fails or the deadline passes (all are then
-    killed)."""
+def run_all(root: str, commands: tuple[list[str], ...], deadline: float, keep: tuple[int, ...]) -> list[bytes] | None:
+    """Run git `commands` at once in `root` until `deadline`: the outputs of the commands in `keep` (their first
+    KEPT bytes), each other's SHA-256 digest (read as it streams); None when one fails or the deadline passes
+    (all are then killed)."""
     import subprocess
 
     env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # a read never takes the index lock
@@ -87,12 +125,12 @@ def run_all(root: str, commands: tuple[list[str], ...], deadline: float, keep: i
                 proc.stdout.close()
 
 
-def pump(procs: list[Any], deadline: float, keep: int) -> list[bytes] | None:
+def pump(procs: list[Any], deadline: float, keep: tuple[int, ...]) -> list[bytes] | None:
     """Read every process's output to its end (None when the deadline comes first)."""
     import hashlib
     import select
 
-    kept, hashes = bytearray(), [hashlib.sha256() for _ in procs]
+    kept, hashes = [bytearray() for _ in procs], [hashlib.sha256() for _ in procs]
     streams = {proc.stdout.fileno(): i for i, proc in enumerate(procs)}
     while streams:
         left = deadline - time.monotonic()
@@ -103,19 +141,23 @@ def pump(procs: list[Any], deadline: float, keep: int) -> list[bytes] | None:
             chunk = os.read(fd, CHUNK)
             if not chunk:
                 del streams[fd]
-            elif streams[fd] == keep:
-                kept += chunk[:4096 - len(kept)]
+            elif streams[fd] in keep:
+                kept[streams[fd]] += chunk[:KEPT - len(kept[streams[fd]])]
             else:
                 hashes[streams[fd]].update(chunk)
-    return [bytes(kept) if i == keep else hashes[i].digest() for i in range(len(procs))]
+    return [bytes(kept[i]) if i in keep else hashes[i].digest() for i in range(len(procs))]
 
 
 def git_events(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The `git:state` event of a spooled input that carries a stamp (none otherwise)."""
+    """The `git:state` or `commit` event of a spooled input that carries a stamp (none otherwise)."""
     record, at = entry.get("input"), entry.get("at")
-    found = record.get(FIELD) if isinstance(record, dict) else None
-    if not isinstance(found, dict) or not isinstance(at, str):
+    if not isinstance(record, dict) or not isinstance(at, str):
         return []
-    name = record.get("hook_event_name") if isinstance(record, dict) else None
+    found, made = record.get(FIELD), record.get(COMMIT_FIELD)
+    if isinstance(made, dict) and isinstance(made.get("sha"), str):  # once per session whoever reports it
+        return [{"id": f"git:commit:{made['sha']}", "type": COMMIT_TYPE, "timestamp": at, "data": made}]
+    if not isinstance(found, dict):
+        return []
+    name = record.get("hook_event_name")
     data = {"head": found.get("head"), "dirtyDigest": found.get("dirtyDigest"), "hook": name}
     return [{"id": f"git:{name}:{at}", "type": EVENT_TYPE, "timestamp": at, "data": data}]

@@ -193,3 +193,10 @@ def presence_key(ns: str, session_id: str) -> str:
 def agent_channel(ns: str, agent_id: str) -> str:
     """Pub/sub channel of one agent's mailbox messages and lease conflicts."""
     return f"{PREFIX}:{ns}:agent:{agent_id}"
+
+
+def commit_keys(ns: str) -> tuple[str, str, str]:
+    """A namespace's commits, one tag `{<ns>/commits}`: HASH sha -> the session that produced it, ZSET of the
+    shas by lexical order (a short sha's prefix read), ZSET sha -> when noted (the oldest dropped first)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/commits}}"
+    return f"{base}:records", f"{base}:bysha", f"{base}:bytime"

@@ -55,6 +55,7 @@ class Settings(BaseSettings):
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
     bridge_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=16 * 1024 * 1024 * 1024)
     handoff_freshness_scan: int = Field(default=5000, ge=0, le=1_000_000)  # events a handoff reads for git records
+    commits_max: int = Field(default=100_000, ge=1, le=100_000_000)  # commits noted per namespace (bridge.commit)
     session_max_events: int = Field(default=100_000, ge=10, le=100_000_000)
     namespace_max_sessions: int = Field(default=10_000, ge=1, le=100_000_000)
     max_connections: int = Field(default=10_000, ge=1, le=1_000_000)
