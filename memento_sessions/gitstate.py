@@ -32,22 +32,75 @@ COMMIT_FIELD = "memento_git_commit"  # the key of a commit's stamp in a PostTool
 COMMIT_TYPE = "commit"
 MESSAGE_MAX = 4096  # characters of a commit message recorded
 FILES_MAX = 256  # files of a commit recorded (filesOmitted: how many more)
+PATCHED = ("Stop", "SessionEnd")  # the hook events whose input carries the agent's uncommitted work
+PATCH_FIELD = "memento_git_patch"
+PATCH_TYPE = "git:patch"
+PATCH_MAX = 262144  # default MEMENTO_HOOK_PATCH_MAX_BYTES
+PATCH_CEILING = 524288  # the most it may be: a patch's events go in one emitBatch, under the 1 MiB frame
+PART = 8192  # patch bytes per event (base64: about 11 KiB of data, under the 16 KiB an event's data holds)
 
 
 def stamp(record: dict[str, Any]) -> None:
-    """Add the git state of the input's project directory to a SessionStart or Stop input, and the commit a
-    Bash `git commit` made to its PostToolUse input (in place)."""
+    """Add to a hook input (in place) what this module records of it: the git state at SessionStart and Stop,
+    the uncommitted work at Stop and SessionEnd, the commit a Bash `git commit` made at its PostToolUse."""
     name = record.get("hook_event_name")
     sha = made_commit(record) if name == "PostToolUse" else None
-    if (name not in STAMPED and sha is None) or FIELD in record or COMMIT_FIELD in record:
+    if (name not in STAMPED and name not in PATCHED and sha is None) or FIELD in record or COMMIT_FIELD in record:
         return
-    timeout = _timeout()
-    root = record.get("cwd") if sha is not None else os.environ.get("CLAUDE_PROJECT_DIR") or record.get("cwd")
+    timeout, root = _timeout(), record.get("cwd") if sha is not None else os.environ.get(
+        "CLAUDE_PROJECT_DIR") or record.get("cwd")
     if timeout <= 0 or not isinstance(root, str) or not os.path.isdir(root):
         return
-    found = state(root, timeout) if sha is None else commit(root, sha, timeout)
-    if found is not None:
-        record[FIELD if sha is None else COMMIT_FIELD] = found
+    deadline = time.monotonic() + timeout
+    found = {COMMIT_FIELD: commit(root, sha, timeout)} if sha is not None else {}
+    if name in STAMPED:
+        found[FIELD] = state(root, timeout)
+    if name in PATCHED and patch_max() > 0:
+        found[PATCH_FIELD] = work(root, max(0.0, deadline - time.monotonic()), patch_max())
+    record.update({key: value for key, value in found.items() if value is not None})
+
+
+def patch_max() -> int:
+    """MEMENTO_HOOK_PATCH_MAX_BYTES: the largest patch of uncommitted work recorded (0: none), at most PATCH_CEILING."""
+    try:
+        return min(PATCH_CEILING, max(0, int(os.environ.get("MEMENTO_HOOK_PATCH_MAX_BYTES") or PATCH_MAX)))
+    except ValueError:
+        return PATCH_MAX
+
+
+def work(root: str, timeout: float, limit: int) -> dict[str, Any] | None:
+    """The uncommitted work at `root` as a binary patch against HEAD, untracked files (not ignored) included:
+    `{head, bytes, sha256, parts}` (parts: base64 of PART bytes each), or `{head, refused: "too_large", max}`
+    past `limit` bytes; None when clean, outside a work tree or past `timeout`. A copy of the index takes the
+    untracked files (`git add -A` on it), so the agent's own index is untouched."""
+    import base64
+    import hashlib
+    import shutil
+    import tempfile
+
+    deadline = time.monotonic() + timeout
+    found = run_all(root, (["rev-parse", "--verify", "-q", "HEAD"], ["rev-parse", "--git-path", "index"]),
+                    deadline, keep=(0, 1))
+    if found is None:
+        return None
+    head, index = found[0].decode().strip(), os.path.join(root, found[1].decode().strip())
+    fd, copy = tempfile.mkstemp(prefix="memento-index-")
+    os.close(fd)
+    try:
+        if os.path.exists(index):
+            shutil.copyfile(index, copy)
+        extra = {"GIT_INDEX_FILE": copy}
+        added = run_all(root, (["add", "-A"],), deadline, keep=(), extra=extra)
+        diff = ["diff", "--cached", "--binary", "--no-ext-diff", "--no-color", "HEAD"]
+        patch = None if added is None else run_all(root, (diff,), deadline, keep=(0,), extra=extra, kept=limit + 1)
+    finally:
+        os.unlink(copy)
+    if patch is None or not patch[0]:
+        return None
+    if len(patch[0]) > limit:
+        return {"head": head, "refused": "too_large", "max": limit}
+    parts = [base64.b64encode(patch[0][i:i + PART]).decode() for i in range(0, len(patch[0]), PART)]
+    return {"head": head, "bytes": len(patch[0]), "sha256": hashlib.sha256(patch[0]).hexdigest(), "parts": parts}
 
 
 def made_commit(record: dict[str, Any]) -> str | None:
@@ -100,17 +153,18 @@ def state(root: str, timeout: float) -> dict[str, str] | None:
     return {"head": head, "dirtyDigest": digest} if len(head) in (40, 64) else None
 
 
-def run_all(root: str, commands: tuple[list[str], ...], deadline: float, keep: tuple[int, ...]) -> list[bytes] | None:
+def run_all(root: str, commands: tuple[list[str], ...], deadline: float, keep: tuple[int, ...],
+            extra: dict[str, str] | None = None, kept: int = KEPT) -> list[bytes] | None:
     """Run git `commands` at once in `root` until `deadline`: the outputs of the commands in `keep` (their first
     KEPT bytes), each other's SHA-256 digest (read as it streams); None when one fails or the deadline passes
     (all are then killed)."""
     import subprocess
 
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C"}  # a read never takes the index lock
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "LC_ALL": "C", **(extra or {})}  # no index lock for a read
     procs = [subprocess.Popen(["git", "-C", root, *command], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                               stdin=subprocess.DEVNULL, env=env) for command in commands]
     try:
-        outputs = pump(procs, deadline, keep)
+        outputs = pump(procs, deadline, keep, kept)
         if outputs is None or any(proc.wait(max(0.0, deadline - time.monotonic())) != 0 for proc in procs):
             return None
         return outputs
@@ -125,7 +179,7 @@ def run_all(root: str, commands: tuple[list[str], ...], deadline: float, keep: t
                 proc.stdout.close()
 
 
-def pump(procs: list[Any], deadline: float, keep: tuple[int, ...]) -> list[bytes] | None:
+def pump(procs: list[Any], deadline: float, keep: tuple[int, ...], limit: int = KEPT) -> list[bytes] | None:
     """Read every process's output to its end (None when the deadline comes first)."""
     import hashlib
     import select
@@ -142,22 +196,82 @@ def pump(procs: list[Any], deadline: float, keep: tuple[int, ...]) -> list[bytes
             if not chunk:
                 del streams[fd]
             elif streams[fd] in keep:
-                kept[streams[fd]] += chunk[:KEPT - len(kept[streams[fd]])]
+                kept[streams[fd]] += chunk[:limit - len(kept[streams[fd]])]
             else:
                 hashes[streams[fd]].update(chunk)
     return [bytes(kept[i]) if i in keep else hashes[i].digest() for i in range(len(procs))]
 
 
 def git_events(entry: dict[str, Any]) -> list[dict[str, Any]]:
-    """The `git:state` or `commit` event of a spooled input that carries a stamp (none otherwise)."""
+    """The `commit`, `git:state` and `git:patch` events of a spooled input that carries stamps."""
     record, at = entry.get("input"), entry.get("at")
     if not isinstance(record, dict) or not isinstance(at, str):
         return []
-    found, made = record.get(FIELD), record.get(COMMIT_FIELD)
+    events: list[dict[str, Any]] = []
+    made, found, work_done = record.get(COMMIT_FIELD), record.get(FIELD), record.get(PATCH_FIELD)
     if isinstance(made, dict) and isinstance(made.get("sha"), str):  # once per session whoever reports it
-        return [{"id": f"git:commit:{made['sha']}", "type": COMMIT_TYPE, "timestamp": at, "data": made}]
-    if not isinstance(found, dict):
-        return []
+        events.append({"id": f"git:commit:{made['sha']}", "type": COMMIT_TYPE, "timestamp": at, "data": made})
     name = record.get("hook_event_name")
-    data = {"head": found.get("head"), "dirtyDigest": found.get("dirtyDigest"), "hook": name}
-    return [{"id": f"git:{name}:{at}", "type": EVENT_TYPE, "timestamp": at, "data": data}]
+    if isinstance(found, dict):
+        data = {"head": found.get("head"), "dirtyDigest": found.get("dirtyDigest"), "hook": name}
+        events.append({"id": f"git:{name}:{at}", "type": EVENT_TYPE, "timestamp": at, "data": data})
+    if isinstance(work_done, dict):
+        events += patch_events(work_done, at)
+    return events
+
+
+def patch_events(work_done: dict[str, Any], at: str) -> list[dict[str, Any]]:
+    """One `git:patch` event per part (`{head, bytes, sha256, part, parts, data}`), or one saying it was refused."""
+    parts = work_done.get("parts")
+    if not isinstance(parts, list):
+        return [{"id": f"git:patch:{at}:0", "type": PATCH_TYPE, "timestamp": at, "data": work_done}]
+    head = {key: work_done.get(key) for key in ("head", "bytes", "sha256")}
+    return [{"id": f"git:patch:{at}:{i}", "type": PATCH_TYPE, "timestamp": at,
+             "data": {**head, "part": i, "parts": len(parts), "data": part}} for i, part in enumerate(parts)]
+
+
+def newest_patch(events: list[dict[str, Any]]) -> tuple[str, bytes] | str:
+    """(head, patch) of the newest complete `git:patch` set among a session's events, or why there is none."""
+    sets: dict[str, dict[int, dict[str, Any]]] = {}
+    for event in events:
+        data = event.get("data")
+        if event.get("type") == PATCH_TYPE and isinstance(data, dict):
+            sets.setdefault(str(event.get("id", "")).rsplit(":", 1)[0], {})[int(data.get("part") or 0)] = data
+    for parts in reversed(list(sets.values())):  # newest first (events come in seq order)
+        first = parts.get(0) or {}
+        if first.get("refused"):
+            return f"the uncommitted work was not stored: larger than {first.get('max')} bytes " \
+                   "(MEMENTO_HOOK_PATCH_MAX_BYTES)"
+        if len(parts) == first.get("parts"):
+            return patch_of(first, [parts[i]["data"] for i in range(len(parts))])
+    return "the session has no stored uncommitted work (the hook stores it at Stop and SessionEnd)"
+
+
+def patch_of(first: dict[str, Any], chunks: list[str]) -> tuple[str, bytes] | str:
+    import base64
+    import hashlib
+
+    patch = b"".join(base64.b64decode(chunk) for chunk in chunks)
+    if hashlib.sha256(patch).hexdigest() != first.get("sha256"):
+        return "the stored uncommitted work is damaged (its digest does not match)"
+    return str(first.get("head")), patch
+
+
+def apply(into: str, head: str, patch: bytes) -> str | None:
+    """Bring the work tree `into` to `head` (when it is clean) and apply `patch` to it; why not, if it failed."""
+    import subprocess
+
+    def git(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(["git", "-C", into, *args], input=stdin, capture_output=True, timeout=120, check=False)
+
+    current = git("rev-parse", "--verify", "-q", "HEAD")
+    if current.returncode != 0:
+        return f"{into} is not a git work tree with a commit"
+    if current.stdout.decode().strip() != head:
+        if git("status", "--porcelain").stdout.strip():
+            return f"{into} has uncommitted changes and is not at {head}: commit or clean them first"
+        moved = git("checkout", "-q", "--detach", head)
+        if moved.returncode != 0:
+            return f"cannot check out {head} in {into} (fetch it first): {moved.stderr.decode().strip()}"
+    applied = git("apply", "--binary", "--whitespace=nowarn", "-", stdin=patch)
+    return None if applied.returncode == 0 else f"the patch does not apply: {applied.stderr.decode().strip()}"

@@ -71,3 +71,48 @@ async def test_the_commit_index_keeps_the_newest_max_commits_and_the_first_sessi
         await a.call("event.emitBatch", {"sessionId": second, "events": [commit(shas[2]), commit(shas[3])]})
         assert (await a.error("bridge.commit", {"sha": shas[0]}))["code"] == -32004  # the oldest, past the cap
         assert [(await a.call("bridge.commit", {"sha": sha}))["sessionId"] for sha in shas[1:]] == [second] * 3
+
+
+async def test_the_uncommitted_work_stored_at_stop_is_checked_out_into_another_work_tree(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from memento_sessions.cli import main
+    from tests.test_cli_session import run as cli
+
+    repo = repo_with(tmp_path / "a", 3)
+    other = tmp_path / "b"
+    git(tmp_path, "clone", "-q", str(repo), str(other))
+    git(repo, "commit", "-q", "--allow-empty", "-m", "second")  # the other tree is one commit behind, and clean
+    (repo / "f0.py").write_text("edited\n")
+    (repo / "f1.py").unlink()
+    (repo / "new.bin").write_bytes(bytes(range(256)) * 4)  # untracked, binary
+    git(repo, "add", "f1.py")  # a staged deletion: the agent's index is left as it was
+    staged = git(repo, "diff", "--cached", "--name-only")
+    async with running(make_settings(backend_urls, tmp_path / "d", port=free_port())) as daemon:
+        env = hook_env(tmp_path, namespace, daemon.port)
+        stop = {"session_id": "claude-p", "hook_event_name": "Stop", "cwd": str(repo)}
+        assert (await anyio.to_thread.run_sync(run_hook, env, stop)).returncode == 0
+        assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0
+        assert git(repo, "diff", "--cached", "--name-only") == staged
+        parts = [e for e in await stored(daemon.port, namespace, "claude-p") if e["type"] == "git:patch"]
+        assert len(parts) == 1 and parts[0]["data"]["head"] == git(repo, "rev-parse", "HEAD").strip()
+
+        big = {**stop, "session_id": "claude-q"}
+        assert (await anyio.to_thread.run_sync(run_hook, {**env, "MEMENTO_HOOK_PATCH_MAX_BYTES": "100"}, big)
+                ).returncode == 0
+        assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0
+        refused = [e["data"] for e in await stored(daemon.port, namespace, "claude-q") if e["type"] == "git:patch"]
+        assert refused == [{"head": parts[0]["data"]["head"], "refused": "too_large", "max": 100}]
+
+        monkeypatch.setenv("MEMENTO_PORT", str(daemon.port))
+        monkeypatch.setenv("MEMENTO_TOKEN", token("cli", namespace))
+        monkeypatch.setenv("MEMENTO_DATA_DIR", str(tmp_path / "cli"))
+        git(other, "fetch", "-q", str(repo), "HEAD")
+        code, out = await cli(capsys, "session", "checkout", "claude-p", "--into", str(other))
+        assert code == 0 and "applied" in out
+        assert (other / "f0.py").read_text() == "edited\n" and not (other / "f1.py").exists()
+        assert (other / "new.bin").read_bytes() == bytes(range(256)) * 4
+        assert git(other, "rev-parse", "HEAD") == git(repo, "rev-parse", "HEAD")
+        capsys.readouterr()
+        code = await anyio.to_thread.run_sync(main, ["session", "checkout", "claude-q", "--into", str(other)])
+        assert code == 1 and "larger than 100 bytes (MEMENTO_HOOK_PATCH_MAX_BYTES)" in capsys.readouterr().err

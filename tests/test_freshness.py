@@ -94,7 +94,9 @@ async def test_the_hook_records_the_git_state_and_the_handoff_returns_it(backend
             handoff = await b.call("bridge.handoff", {"sessionId": "claude-git", **{
                 "head": now["head"], "dirtyDigest": now["dirtyDigest"]}})
         assert handoff["freshness"] == {"head": head, "dirtyDigest": now["dirtyDigest"],
-                                        "recordedAt": records[1]["timestamp"], "eventsSince": 0, "status": "fresh"}
+                                        "recordedAt": records[1]["timestamp"], "status": "fresh",
+                                        "eventsSince": events[-1]["seq"] - records[1]["seq"]}
+        assert [event["type"] for event in events if event["seq"] > records[1]["seq"]] == ["git:patch"]
 
 
 def record(head: str, digest: str) -> dict[str, Any]:
