@@ -3,10 +3,12 @@ leases that follow graph changes (an entity added to a leased one is covered fro
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 
+from memento_sessions.backends import Backends
 from memento_sessions.coordination.intents import OVERLAP_SUBJECT, overlap_text
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph
@@ -53,7 +55,9 @@ async def test_an_intent_reports_overlaps_two_steps_away_with_their_path_and_tel
                                             "reason": "fix login tests"}
         assert (await c.notification(OVERLAP_SUBJECT, timeout=2))["params"]["body"]["overlaps"] == \
             intent["overlaps"][1:]
-        assert (await a.notification(OVERLAP_SUBJECT, timeout=2))["params"]["body"]["overlaps"] == intent["overlaps"]
+        mine = (await a.call("mailbox.read", {}))["messages"]  # the declarer's copy: stored, not pushed
+        assert [(m["subject"], m["body"]["overlaps"]) for m in mine] == [(OVERLAP_SUBJECT, intent["overlaps"])]
+        assert overlap_text(mine[0], "a").startswith(f"Your planned work on {TEST} overlaps b's exclusive on {LOGIN}")
         stored = (await b.call("mailbox.read", {}))["messages"]  # kept for hooks and tool notices to surface
         assert [m["subject"] for m in stored] == [OVERLAP_SUBJECT]
         assert overlap_text(stored[0], "b") == (f"a plans work on {TEST} (fix login tests), overlapping b's exclusive "
@@ -106,3 +110,44 @@ async def test_a_symbol_added_to_a_leased_file_is_covered_from_then_on(daemon: D
         assert shared["granted"] is True and [item["via"] for item in shared["conflicts"]] == [FILE]
         await a.call("lease.release", {"leaseId": held["leaseId"]})
         assert (await w.call("lease.acquire", {"entityIds": [LOGIN], "ttl": 60}))["granted"] is True
+
+
+async def test_an_intent_on_a_10000_entity_graph_costs_a_few_times_its_graph_read(
+        daemon: Daemon, namespace: str, graph: Graph, backends: Backends) -> None:
+    """Figures for the bench's target (p99 under 10 ms, within 5x a bare GRAPH.RO_QUERY of the same traversal);
+    asserted here only with the slack a shared test machine needs."""
+    import random
+    import statistics
+
+    from memento_sessions.kg.fixture import generate
+    from memento_sessions.kg.graph import NEIGHBOURS, ROWS_PER_ENTITY
+
+    records = list(generate(10_000))
+    nodes, edges = [r["node"] for r in records if "node" in r], [r["edge"] for r in records if "edge" in r]
+    entities = [node["id"] for node in nodes if node["labels"] == ["CodebaseEntity"]]
+    rng = random.Random(5)
+    async with rpc(daemon.port, token("w", namespace, WRITER)) as w, rpc(daemon.port, token("a", namespace)) as a:
+        for start in range(0, len(nodes), 2000):
+            await w.call("kg.upsert", {"nodes": nodes[start:start + 2000]})
+        for start in range(0, len(edges), 4000):
+            await w.call("kg.upsert", {"edges": edges[start:start + 4000]})
+        for entity in rng.sample(entities, 200):  # other agents' work to overlap with
+            await w.call("lease.acquire", {"entityIds": [entity], "ttl": 600, "mode": "shared"})
+        picks = rng.sample(entities, 100)
+        intents, bare = [], []
+        query = NEIGHBOURS.format(limit=512 * ROWS_PER_ENTITY)
+        for entity in picks:
+            started = time.perf_counter()
+            reply = await a.call("lease.acquire", {"entityIds": [entity], "ttl": 60, "mode": "intent"})
+            intents.append(time.perf_counter() - started)
+            assert reply["granted"] and reply["expanded"] > 0
+            started = time.perf_counter()
+            await backends.falkordb.connection.execute_command(
+                "GRAPH.RO_QUERY", graph.name, f"CYPHER ids=['{entity}'] {query}", "--compact")
+            bare.append(time.perf_counter() - started)
+    p99 = sorted(intents)[98]
+    ms = [f"{value * 1000:.1f} ms" for value in (statistics.median(intents), p99, statistics.median(bare),
+                                                  sorted(bare)[98])]
+    print(f"intent on a 10,000-entity graph: median {ms[0]}, p99 {ms[1]}; the bare GRAPH.RO_QUERY: median {ms[2]}, "
+          f"p99 {ms[3]}")
+    assert p99 < 0.5 and statistics.median(intents) < 5 * statistics.median(bare) + 0.02

@@ -493,7 +493,9 @@ local function send(keys, args)
   local message = '{"seq":' .. seq .. ',' .. args[2]
   redis.call('HSET', keys[2], '#', seq, id, message)
   local pushed = args[7] and ('{"seq":' .. seq .. ',' .. args[7]) or message
-  redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. pushed .. '}')
+  if args[5] ~= '' then -- '': stored only (the sender's own copy of what its reply already said)
+    redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. pushed .. '}')
+  end
   redis.call('ZADD', keys[1], seq, id)
   local dropped = 0
   if seq > max then dropped = trim(keys, max) end -- at most seq messages were ever stored
