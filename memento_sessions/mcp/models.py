@@ -215,6 +215,7 @@ class Handoff(TypedDict):
     source: Source
     leases: list[Json]  # live leases on the handoff's entities (coordination)
     openConflicts: list[Json]  # those held by agents outside the session
+    freshness: Json | None  # the agent's last recorded git state (bridge/freshness.py); null when none
 
 
 @with_config(_OPEN)
