@@ -17,6 +17,10 @@ The caches of all namespaces together hold at most MEMENTO_LEASE_COVERAGE_EDGES 
 input): loading one past it first forgets the least recently used others, and a namespace with more edges
 than that alone is not cached: its acquires read their own entities' contents (the per-acquire read, the
 same answer).
+
+The cache also answers the other way (`containers`): the files that define an entity and the clusters it is a
+member of. A grant checks the holds on those too, without holding them, so a lease on a file covers a symbol
+the graph added to it after the lease was granted.
 """
 
 from __future__ import annotations
@@ -99,7 +103,8 @@ class Coverage:
     async def containers(self, namespace: str, version: str, pairs: Pairs) -> Pairs:
         """(container, entity) for each covered entity's containers that the pairs do not hold themselves: a
         lease on a container holds what the graph added to it after its grant, so the grant checks them too.
-        From the cache when it is at `version`, else one Cypher read; none without a graph."""
+        From the cache when it is at `version`, else (NO_GRAPH: the grant checks no version) one Cypher read;
+        none without a graph."""
         if self.graphs is None:
             return []
         held = {entity for entity, _ in pairs}

@@ -98,7 +98,8 @@ class Leases:
                 version, pairs, above = await self._covered(who.namespace, entity_ids)
             else:  # it keeps changing (a bulk load): this grant reads its own entities' contents
                 pairs = self._bounded(await self.coverage.read(who.namespace, entity_ids))
-                version, above = NO_GRAPH, self._bounded(await self.coverage.containers(who.namespace, "", pairs))
+                above = self._bounded(await self.coverage.containers(who.namespace, NO_GRAPH, pairs))  # read now
+                version = NO_GRAPH
         return reply, pairs
 
     async def _covered(self, namespace: str, entity_ids: Sequence[str]) -> tuple[str, Pairs, Pairs]:
