@@ -105,6 +105,7 @@ def daemon_url() -> str:
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
+    from memento_sessions.gitstate import git_events
     from memento_sessions.ingest.claude_hooks import convert_hook
     from memento_sessions.ingest.events import _ID_OK
 
@@ -113,7 +114,7 @@ def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     if not isinstance(sid, str) or not _ID_OK.match(sid):
         return None, []
     events, _ = convert_hook(record, at=entry.get("at"), project_root=entry.get("root"))
-    return sid, events
+    return sid, events + git_events(entry)
 
 
 class Spooled:
@@ -379,6 +380,8 @@ def run_hook(argv: list[str]) -> int:
                 if gemini:
                     sys.stdout.write("{}")  # Gemini CLI reads any other stdout as a message to show
                 return 0
+            from memento_sessions.gitstate import stamp  # SessionStart, Stop: the agent's git HEAD and dirty tree
+            stamp(record)
             spool(record, folder)
             asked = time.monotonic()
             said = answer(record, kept)

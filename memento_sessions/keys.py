@@ -248,3 +248,10 @@ def agent_usage_keys(ns: str, agent_id: str) -> tuple[str, str]:
 def namespace_usage(ns: str) -> str:
     """HASH of the namespace's usage totals."""
     return f"{PREFIX}:{ns}:{{{ns}/usage}}:usage"
+
+
+def commit_keys(ns: str) -> tuple[str, str, str]:
+    """A namespace's commits, one tag `{<ns>/commits}`: HASH sha -> the session that produced it, ZSET of the
+    shas by lexical order (a short sha's prefix read), ZSET sha -> when noted (the oldest dropped first)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/commits}}"
+    return f"{base}:records", f"{base}:bysha", f"{base}:bytime"

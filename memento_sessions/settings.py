@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     replica_ack_timeout_ms: int = Field(default=1000, ge=1, le=4000)  # under the hot path's 5 s call watchdog
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
     bridge_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=16 * 1024 * 1024 * 1024)
+    handoff_freshness_scan: int = Field(default=5000, ge=0, le=1_000_000)  # events a handoff reads for git records
+    commits_max: int = Field(default=100_000, ge=1, le=100_000_000)  # commits noted per namespace (bridge.commit)
     session_max_events: int = Field(default=100_000, ge=10, le=100_000_000)
     usage_runs_per_session: int = Field(default=500, ge=1, le=100_000)
     usage_runs_per_agent: int = Field(default=2000, ge=1, le=1_000_000)
@@ -77,6 +79,7 @@ class Settings(BaseSettings):
     lease_max_holds: int = Field(default=100, ge=1, le=100_000)
     lease_reply_max: int = Field(default=256, ge=1, le=100_000)
     lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)
+    intent_max_expanded: int = Field(default=512, ge=0, le=100_000)  # graph entities one intent's overlaps reach
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
     mailboxes_max: int = Field(default=10_000, ge=1, le=10_000_000)  # agents with a mailbox, per namespace

@@ -201,6 +201,7 @@ async def test_the_coordination_tools_return_their_methods_results_in_their_decl
         await ws.call("lease.acquire", {"entityIds": ["held"], "ttl": 60})
         assert not (await both("acquire_lease", {"entityIds": ["held"], "ttl": 60}))["granted"]
         lease = await both("acquire_lease", {"entityIds": ["mine"], "ttl": 60, "mode": "shared"})
+        assert (await both("claim_task", {"taskId": "t1", "ttl": 60}))["granted"]
         await both("renew_lease", {"leaseId": lease["leaseId"], "ttl": 120})
         assert "nextCursor" in await both("list_leases", {"limit": 1}, "lease.list")
         await both("list_leases", {"agentId": "m"}, "lease.list")

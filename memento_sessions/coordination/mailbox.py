@@ -216,13 +216,15 @@ class Mailbox:
             self._known.clear()
         self._known[agent] = until
 
-    async def deliver(self, namespace: str, agent: str, message: Encoded, method: str = "mailbox.message") -> bool:
+    async def deliver(self, namespace: str, agent: str, message: Encoded, method: str = "mailbox.message",
+                      push: bool = True) -> bool:
         """Store one message for one agent and push it as `method` (one Function call does both: no message is
-        pushed that is not stored); False when that id was stored already."""
-        push = () if message.push is None else (message.push,)
+        pushed that is not stored; `push=False` stores it only); False when that id was stored already."""
+        pushed = () if message.push is None else (message.push,)
+        channel = keys.agent_channel(namespace, agent) if push else ""
         _, duplicate, dropped = await self.store.call(
             "mc_send", keys.mailbox_keys(namespace, agent), message.message_id, message.tail, self.settings.mailbox_max,
-            message.until, keys.agent_channel(namespace, agent), method, *push)
+            message.until, channel, method, *pushed)
         (DUPLICATES if duplicate else STORED).inc()
         if dropped:
             MAILBOX_DROPPED.inc(int(dropped))

@@ -31,6 +31,7 @@ from memento_sessions.coordination.answers import HookAnswers
 from memento_sessions.coordination.hook_text import notice
 from memento_sessions.coordination.outcomes import outcome_state
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.coordination.tasks import check_completions
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
@@ -78,7 +79,7 @@ class RolesParams(Params):
 class AcquireParams(Params):
     entityIds: list[EntityId] = Field(min_length=1, max_length=64)
     ttl: int = Field(ge=5, le=3600)
-    mode: Literal["exclusive", "shared"] = "exclusive"
+    mode: Literal["exclusive", "shared", "intent"] = "exclusive"
     sessionId: ClientId | None = None
     reason: ShortText | None = None
 
@@ -159,7 +160,7 @@ def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]
         return await coord.presence.set_roles(call.identity, p.roles)
 
     async def acquire(call: Call, p: AcquireParams) -> Result:
-        return await coord.leases.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
+        return await coord.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
 
     async def renew(call: Call, p: RenewParams) -> Result:
         return await coord.leases.renew(call.identity, p.leaseId, p.ttl)
@@ -277,9 +278,10 @@ async def write_fenced(coord: Coordination, call: Call, session_id: str, events:
                        write: Callable[[], Awaitable[Result]]) -> Result:
     """Run an emit after syncing the session's fencing marks; a stale token is counted."""
     entities = fenced(events)
-    if entities:
-        await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
     try:
+        await check_completions(coord.leases, call.identity.namespace, events)  # a task's claim fences its end
+        if entities:
+            await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
         return await write()
     except Conflict as exc:
         if isinstance(exc.data, dict) and exc.data.get("reason") == "stale_lease":

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 from anyio.abc import TaskStatus
 
+from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import Alerts
+from memento_sessions.coordination.intents import Intents
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Mailbox
 from memento_sessions.coordination.outcomes import Outcomes
@@ -34,6 +38,7 @@ class Coordination:
         self.mailbox = Mailbox(self.store, settings, fanout)
         self.alerts = Alerts(self.leases, self.mailbox, manager)
         self.outcomes = Outcomes(self.leases, self.mailbox, manager)
+        self.intents = Intents(self.leases, self.mailbox, graphs, settings.intent_max_expanded)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load the library, then beat and reap until cancelled."""
@@ -80,6 +85,13 @@ class Coordination:
             await self.connect(call)
             conn = self.presence.conns.get(call.peer.conn_id)
         return conn
+
+    async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,
+                      session_id: str | None = None, reason: str | None = None) -> Result:
+        """lease.acquire: an intent (intents.py) or a lease (leases.py)."""
+        if mode == "intent":
+            return await self.intents.declare(who, entity_ids, ttl, session_id, reason)
+        return await self.leases.acquire(who, entity_ids, ttl, mode, session_id, reason)
 
     async def handoff_leases(self, namespace: str, handoff: Result) -> Result:
         """The live leases on the handoff's entities, and those held by agents outside the session (open

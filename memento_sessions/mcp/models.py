@@ -225,6 +225,7 @@ class Handoff(Noticed):
     leases: list[Json]  # live leases on the handoff's entities (coordination)
     openConflicts: list[Json]  # those held by agents outside the session
     usage: Json  # the session's usage totals (usage.get)
+    freshness: Json | None  # the agent's last recorded git state (bridge/freshness.py); null when none
 
 
 @with_config(_OPEN)

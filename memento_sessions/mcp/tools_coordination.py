@@ -38,12 +38,15 @@ EntityIds = Annotated[list[EntityId], Bounds(AcquireParams, "entityIds"), Field(
     description="The codebase entities to lease, e.g. ['file:src/auth.py'] or ['sym:src/auth.py:login'].")]
 LeaseTtl = Annotated[StrictInt, Bounds(AcquireParams, "ttl"),
                      Field(description="Seconds the lease lasts unless renewed.")]
-Mode = Annotated[Literal["exclusive", "shared"], Field(
-    description="'exclusive' (granted only if nobody else holds any of them) or 'shared' (advisory: always "
-                "granted, conflicts reported).")]
+Mode = Annotated[Literal["exclusive", "shared", "intent"], Field(
+    description="'exclusive' (granted only if nobody else holds any of them), 'shared' (advisory: always "
+                "granted, conflicts reported) or 'intent' (a plan, holding nothing: always granted, with the "
+                "'overlaps' of other agents' leases and intents up to two graph relationships away, each with "
+                "its path 'via'; they are told too).")]
 LeaseSession = Annotated[ClientId | None, Field(description="The session you work in, if any.")]
 Reason = Annotated[ShortText | None, Field(description="Why you take it, shown to other agents.")]
 LeaseId = Annotated[ClientId, Field(description="The leaseId returned by acquire_lease.")]
+TaskId = Annotated[ClientId, Field(description="The task's id: the lease is on the entity 'task:<taskId>'.")]
 RenewTtl = Annotated[StrictInt, Bounds(RenewParams, "ttl"), Field(description="Seconds from now the lease lasts.")]
 LeaseEntity = Annotated[EntityId | None, Field(description="Only leases covering this entity.")]
 LeaseAgent = Annotated[ClientId | None, Field(description="Only leases held by this agent.")]
@@ -145,6 +148,17 @@ class CoordinationTools:
         params = {"entityIds": entityIds, "ttl": ttl, "mode": mode, "sessionId": sessionId, "reason": reason}
         return cast(Lease, await self.call("lease.acquire", params))
 
+    async def claim_task(self, taskId: TaskId, ttl: LeaseTtl, sessionId: LeaseSession = None,
+                         reason: Reason = None) -> Lease:
+        """Claim a task before you start it, so no other agent takes it too: an exclusive lease on
+        'task:<taskId>'. Exactly one of any agents racing for it gets granted true; the others get granted false
+        and conflicts naming the holder: pick another task. Keep the fencingToken: the task's completion event
+        (type 'task_done', changeInfo.entityIds ['task:<taskId>']) must carry it as fencingToken, or it is
+        refused (stale_lease). Renew before expiresAt while you work; release it if you give the task up."""
+        params = {"entityIds": [f"task:{taskId}"], "ttl": ttl, "mode": "exclusive", "sessionId": sessionId,
+                  "reason": reason}
+        return cast(Lease, await self.call("lease.acquire", params))
+
     async def renew_lease(self, leaseId: LeaseId, ttl: RenewTtl) -> Renewed:
         """Extend a lease you hold while you are still working on its entities; it then ends ttl seconds from
         now. Fails with not found (-32004) when it already ended (expired, released, or you were gone too long)."""
@@ -195,7 +209,8 @@ class CoordinationTools:
 
     def registrations(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
         """Every coordination tool with its annotations."""
-        return [(self.who_is_here, READ), (self.acquire_lease, WRITE), (self.renew_lease, IDEMPOTENT),
+        return [(self.who_is_here, READ), (self.acquire_lease, WRITE), (self.claim_task, WRITE),
+                (self.renew_lease, IDEMPOTENT),
                 (self.release_lease, IDEMPOTENT), (self.list_leases, READ), (self.send_message, WRITE),
                 (self.read_inbox, READ), (self.ack_messages, IDEMPOTENT), (self.message_status, READ)]
 
@@ -205,5 +220,5 @@ def registrations(tools: Tools) -> list[tuple[Callable[..., Any], ToolAnnotation
     return CoordinationTools(tools.call).registrations()
 
 
-NAMES = frozenset({"who_is_here", "acquire_lease", "renew_lease", "release_lease", "list_leases", "send_message",
-                   "read_inbox", "ack_messages", "message_status"})
+NAMES = frozenset({"who_is_here", "acquire_lease", "claim_task", "renew_lease", "release_lease", "list_leases",
+                   "send_message", "read_inbox", "ack_messages", "message_status"})
