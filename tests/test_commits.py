@@ -47,7 +47,7 @@ async def test_a_git_commit_run_by_the_agent_becomes_a_commit_event_and_names_it
         async with rpc(daemon.port, token("b", namespace)) as b:
             found = await b.call("bridge.commit", {"sha": sha[:8]})
             assert (found["sha"], found["sessionId"], found["seq"], found["agentId"]) == \
-                (sha, "claude-c", commits[0]["seq"], "claude")
+                (sha, "claude-c", commits[0]["seq"], "claude:claudec")  # the Claude Code session's own agent
             assert (await b.error("bridge.commit", {"sha": "0" * 40}))["code"] == -32004
             bad = await b.error("bridge.commit", {"sha": "HEAD"})
             assert bad["code"] == -32602 and bad["data"][0]["field"] == "sha"
