@@ -60,6 +60,7 @@ class Settings(BaseSettings):
     session_max_events: int = Field(default=100_000, ge=10, le=100_000_000)
     usage_runs_per_session: int = Field(default=500, ge=1, le=100_000)
     usage_runs_per_agent: int = Field(default=2000, ge=1, le=1_000_000)
+    usage_agents_per_session: int = Field(default=64, ge=1, le=10_000)  # agents whose share of a session is kept
     usage_ttl: int = Field(default=30 * 86400, ge=60, le=366 * 86400)  # seconds usage outlives its last write
     usage_metric_models: int = Field(default=20, ge=1, le=1000)  # model labels on the usage metrics, then "other"
     namespace_max_sessions: int = Field(default=10_000, ge=1, le=100_000_000)

@@ -8,8 +8,10 @@ LIBRARY = """\
 -- mu_fold folds usage into one session's runs and totals, atomically (store.py calls it).
 -- keys: 1 session hash (must exist), 2 totals hash, 3 runs hash (run id -> row JSON), 4 order zset (run id by
 --       start ms), 5 starts zset (run id by the seq of the event that started it), 6 series hash (cumulative
---       metric points last seen)
--- args: 1 source, 2 runs kept, 3 ttl ms, 4 series kept, 5 ops JSON
+--       metric points last seen), 7 agents hash (each agent's share: `<agent> <source>:<field>`, `<agent> seen`,
+--       `#agents`)
+-- args: 1 source, 2 runs kept, 3 ttl ms, 4 series kept, 5 ops JSON, 6 the agent folding, 7 agents kept (past
+--       them, a new agent's share is not kept; its usage still counts in the session's totals)
 -- An op is {op="start"|"add"|"end"|"cum", seq?, run?, at, model?, in?, out?, cr?, cc?, tools?, calls?, cost?,
 --   dur?, set?, series?, value?, field?}: "start" opens a run at a seq, "add" adds to the run (named, or the
 --   latest started at or before its seq), "end" closes it (setting cost, duration or tokens the source gives
@@ -23,17 +25,26 @@ local function fold(keys, args)
   local TOKENS = {'inputTokens', 'outputTokens', 'cacheReadTokens', 'cacheCreationTokens'}
   local SHORT = {inputTokens = 'in', outputTokens = 'out', cacheReadTokens = 'cr', cacheCreationTokens = 'cc'}
   local rows, dirty, applied, fresh = {}, {}, {}, {}
+  local agents, agent = keys[7], args[6]
+  if not agents or not agent or agent == '' then
+    agent = nil
+  elseif redis.call('HEXISTS', agents, agent .. ' seen') == 0 then
+    if tonumber(redis.call('HGET', agents, '#agents') or '0') >= tonumber(args[7]) then
+      agent = nil
+    else
+      redis.call('HSET', agents, agent .. ' seen', 1)
+      redis.call('HINCRBY', agents, '#agents', 1)
+    end
+  end
 
   local function bump(model, field, delta)
     if delta == 0 and field ~= 'costUsd' then return end  -- a cost of 0 is known, not unknown
     local key = model or ''
     applied[key] = applied[key] or {}
     applied[key][field] = (applied[key][field] or 0) + delta
-    if field == 'costUsd' then
-      redis.call('HINCRBYFLOAT', totals, source .. ':' .. field, delta)
-    else
-      redis.call('HINCRBY', totals, source .. ':' .. field, delta)
-    end
+    local incr = field == 'costUsd' and 'HINCRBYFLOAT' or 'HINCRBY'
+    redis.call(incr, totals, source .. ':' .. field, delta)
+    if agent then redis.call(incr, agents, agent .. ' ' .. source .. ':' .. field, delta) end
   end
 
   local function load(id)
@@ -154,7 +165,7 @@ local function fold(keys, args)
     redis.call('ZREM', order, unpack(old))
     redis.call('ZREM', starts, unpack(old))
   end
-  for i = 2, 6 do
+  for i = 2, #keys do
     if redis.call('EXISTS', keys[i]) == 1 then redis.call('PEXPIRE', keys[i], ttl) end
   end
   return cjson.encode({applied = applied, new = fresh})

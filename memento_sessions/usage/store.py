@@ -96,7 +96,7 @@ class UsageStore:
             return True
         skeys, ukeys = keys.session_keys(ns, session_id), keys.usage_keys(ns, session_id)
         args = [source, self.settings.usage_runs_per_session, self.settings.usage_ttl * 1000, SERIES_KEPT,
-                json.dumps(list(ops), separators=(",", ":"))]
+                json.dumps(list(ops), separators=(",", ":")), agent_id, self.settings.usage_agents_per_session]
         raw = await self._fcall([skeys.session, *ukeys.all()], args)
         applied = json.loads(raw) if raw else {"applied": naive(ops), "new": []}
         await self._spread(ns, session_id, agent_id, source, applied)
