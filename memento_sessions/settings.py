@@ -54,6 +54,8 @@ class Settings(BaseSettings):
     otlp_rate_limit: Rate = 100.0  # OTLP/HTTP requests a second per agent (usage/receiver.py)
     otlp_max_body: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     otlp_max_records: int = Field(default=10_000, ge=1, le=1_000_000)  # log records and metric points a request
+    otlp_dedupe_window: int = Field(default=300, ge=0, le=3600)  # seconds a session remembers an OTLP request; 0: off
+    otlp_dedupe_requests: int = Field(default=1000, ge=1, le=100_000)  # OTLP requests a session remembers at most
     redis_spin_us: int = Field(default=250, ge=0, le=10_000)
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
     bridge_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=16 * 1024 * 1024 * 1024)
