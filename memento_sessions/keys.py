@@ -226,17 +226,21 @@ class UsageKeys:
     order: str
     starts: str
     series: str
+    agents: str
+    seen: str
 
     def all(self) -> list[str]:
         """Every key, as passed to the script."""
-        return [self.totals, self.runs, self.order, self.starts, self.series]
+        return [self.totals, self.runs, self.order, self.starts, self.series, self.agents, self.seen]
 
 
 def usage_keys(ns: str, session_id: str) -> UsageKeys:
     """A session's usage: totals HASH, runs HASH (run id -> row), order ZSET (by start ms), starts ZSET (by
-    seq), series HASH (the cumulative metric points last seen)."""
+    seq), series HASH (the cumulative metric points last seen), agents HASH (each agent's share of the totals,
+    `<agentId> <source>:<field>`), seen ZSET (OTLP requests folded lately, by time: a retry folds nothing)."""
     base = f"{PREFIX}:{ns}:{{{session_id}}}:usage"
-    return UsageKeys(f"{base}", f"{base}:runs", f"{base}:order", f"{base}:starts", f"{base}:series")
+    return UsageKeys(f"{base}", f"{base}:runs", f"{base}:order", f"{base}:starts", f"{base}:series",
+                     f"{base}:agents", f"{base}:seen")
 
 
 def agent_usage_keys(ns: str, agent_id: str) -> tuple[str, str]:

@@ -92,7 +92,8 @@ OTLP_REQUESTS = Counter("memento_otlp_requests_total", "OTLP/HTTP export request
                         "failed)",
                         ["signal", "outcome"])
 OTLP_RECORDS = Counter("memento_otlp_records_total", "OTLP log records and metric points taken (usage) or ignored "
-                       "(another event or metric, no session.id)", ["signal", "outcome"])
+                       "(another event or metric, no session.id, unknown_session, duplicate: a retried request)",
+                       ["signal", "outcome"])
 
 # Every label value the daemon can count, with a 0 sample from the start: a counter with no sample until its
 # first increment reads as no data, so `increase(...)` and `rate(...)` over the first failure show nothing.
@@ -117,7 +118,7 @@ KNOWN_LABELS: dict[Counter, tuple[str | tuple[str, ...], ...]] = {
     OTLP_REQUESTS: tuple((signal, outcome) for signal in ("logs", "metrics") for outcome in (
         "ok", "bad_request", "unauthorized", "too_large", "rate_limited", "unsupported", "unavailable", "failed")),
     OTLP_RECORDS: tuple((signal, outcome) for signal in ("logs", "metrics")
-                        for outcome in ("taken", "not_usage", "too_many_sessions")),
+                        for outcome in ("taken", "not_usage", "too_many_sessions", "unknown_session", "duplicate")),
 }
 for _counter, _values in KNOWN_LABELS.items():
     for _value in _values:

@@ -14,7 +14,7 @@ from memento_sessions.bridge.commits import Commits, commit_sha
 from memento_sessions.rpc import Call, Method, Registry, Result
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import ClientId, EntityId, Seq
-from memento_sessions.usage.query import session_totals
+from memento_sessions.usage.query import agent_share, session_totals
 
 
 class TransitionsParams(SessionParams):
@@ -55,8 +55,9 @@ def register(registry: Registry, bridge: SessionBridge) -> None:
 
     async def isolate(call: Call, p: IsolateParams) -> Result:
         result = await bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
-        return {**result, "usage": (await session_totals(bridge.manager.redis, call.identity.namespace,
-                                                         p.sessionId))["totals"]}
+        share = await agent_share(bridge.manager.redis, call.identity.namespace, p.sessionId, p.agentId,
+                                  bridge.manager.settings.usage_agents_per_session)
+        return {**result, "usage": share["totals"] if share is not None else None}
 
     async def handoff(call: Call, p: HandoffParams) -> Result:
         result = await bridge.handoff(call.identity.namespace, p.sessionId, p.head, p.dirtyDigest)

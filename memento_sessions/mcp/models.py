@@ -210,7 +210,7 @@ class Isolated(Noticed):
     impacts: list[EntityImpact]
     totalPerfDelta: float
     source: Source
-    usage: Json  # the session's usage totals (usage.get)
+    usage: Json | None  # the agent's share of the session's usage totals; null when the session keeps none for it
 
 
 @with_config(_OPEN)
