@@ -115,7 +115,7 @@ async def check_presence(peer: RpcSocket, groups: list[Group], agents: list[str]
     (the daemon writes its fields again at each one); which it was goes in the report."""
     started = time.monotonic()
     report["presence_at_once"] = [await present(peer, g.live) == agents for g in groups].count(True)
-    with anyio.fail_after(5 * 1.0 + 5):
+    with anyio.fail_after(10):  # several heartbeats of 1 s, with slack for a loaded host
         while any([await present(peer, g.live) != agents for g in groups]):
             await anyio.sleep(0.1)
     report["presence_all_after_s"] = round(time.monotonic() - started, 2)
