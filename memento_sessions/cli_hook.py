@@ -105,14 +105,16 @@ def daemon_url() -> str:
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
-    from memento_sessions.gitstate import git_events
+    from memento_sessions.gitstate import DEFERRED, git_events
     from memento_sessions.ingest.claude_hooks import convert_hook
     from memento_sessions.ingest.events import _ID_OK
 
     record = entry.get("input")
     sid = record.get("session_id") if isinstance(record, dict) else None
-    if not isinstance(sid, str) or not _ID_OK.match(sid):
+    if not isinstance(record, dict) or not isinstance(sid, str) or not _ID_OK.match(sid):
         return None, []
+    if record.get(DEFERRED):  # stamps a detached child took: no hook event of their own
+        return sid, git_events(entry)
     events, _ = convert_hook(record, at=entry.get("at"), project_root=entry.get("root"))
     return sid, events + git_events(entry)
 
@@ -380,15 +382,22 @@ def run_hook(argv: list[str]) -> int:
                 if gemini:
                     sys.stdout.write("{}")  # Gemini CLI reads any other stdout as a message to show
                 return 0
-            from memento_sessions.gitstate import stamp  # SessionStart, Stop: the agent's git HEAD and dirty tree
-            stamp(record)
-            spool(record, folder)
+            from memento_sessions import gitstate  # a commit now; the git state and uncommitted work by a child
+
+            gitstate.stamp(record, slow=False)
+            at = spool(record, folder)
+            if gitstate.deferred(record):
+                gitstate.spawn(record, at, folder)
             asked = time.monotonic()
             said = answer(record, kept)
             if said or gemini:
                 sys.stdout.write(json.dumps(gemini_answer(said) if gemini else said, ensure_ascii=False))
                 sys.stdout.flush()
             answering = time.monotonic() - asked  # not taken from the delivery's budget
+        else:
+            from memento_sessions.gitstate import wait_for_children
+
+            wait_for_children(folder)  # the stamps detached children are still taking
         done = deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600, kept)
     except Exception:  # a hook must never fail the agent's tool call, nor print to it
         return 0

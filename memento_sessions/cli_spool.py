@@ -54,13 +54,16 @@ class Locked:
         os.close(self.fd)  # closing releases the lock
 
 
-def spool(record: Any, folder: str) -> None:
-    """Append one input with when it was read and the project root; one write under the lock."""
+def spool(record: Any, folder: str, at: str | None = None) -> str:
+    """Append one input with when it was read (`at`, else now) and the project root; one write under the
+    lock. The time it was spooled with."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     root = os.environ.get("CLAUDE_PROJECT_DIR") or (record.get("cwd") if isinstance(record, dict) else None)
-    line = json.dumps({"at": now_iso(), "root": root, "input": record}, separators=(",", ":"), ensure_ascii=False)
+    at = at or now_iso()
+    line = json.dumps({"at": at, "root": root, "input": record}, separators=(",", ":"), ensure_ascii=False)
     with Locked(os.path.join(folder, "spool.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
         os.write(fd, (line + "\n").encode())
+    return at
 
 
 def read_text(path: str) -> str:
