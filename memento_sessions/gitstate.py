@@ -14,8 +14,8 @@ Like the rest of the hook it imports nothing at load time beyond `os` and `time`
 
 The git state and the uncommitted work (SessionStart, Stop, SessionEnd) take tens of milliseconds on a large
 work tree (git status alone), more than a hook call may spend: the hook spawns a detached child instead
-(`spawn`: os.posix_spawn of `python -m memento_sessions.gitstate`, its own session, stdio on /dev/null, so
-Claude Code does not wait for it), which takes them and appends them to the spool as one more line (marked
+(cli_stamp.py: os.posix_spawn of `python -m memento_sessions.cli_stamp`, its own session, stdio on /dev/null,
+so Claude Code does not wait for it), which takes them and appends them to the spool as one more line (marked
 `memento_git_deferred`, the input's own time, so its events' ids are what the hook would have written); the
 next hook call delivers it. Each child holds a shared flock on `<spool>/stamping.lock` (taken by the hook
 before the spawn, so none is missed), and `hook --flush` waits for them all before it delivers. Only the
@@ -78,49 +78,6 @@ def deferred(record: dict[str, Any]) -> bool:
     """Whether the input has slow stamps for a child to take (SessionStart, Stop, SessionEnd with git on)."""
     name = record.get("hook_event_name")
     return (name in STAMPED or (name in PATCHED and patch_max() > 0)) and FIELD not in record and _timeout() > 0
-
-
-def spawn(record: dict[str, Any], at: str, folder: str) -> None:
-    """Start the detached child that stamps the input read at `at` and spools its stamps (see the module)."""
-    import fcntl
-    import json
-    import sys
-
-    keep = {key: record.get(key) for key in ("session_id", "hook_event_name", "cwd")}
-    job = json.dumps({"at": at, "folder": folder, "input": keep}, separators=(",", ":"))
-    lock = os.open(os.path.join(folder, LOCK), os.O_RDONLY | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_SH)  # now: a --flush right after this hook waits for the child
-        os.set_inheritable(lock, True)  # (were it descriptor 3 already, the dup2 below would keep close-on-exec)
-        null = os.devnull
-        actions = [(os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0), (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
-                   (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, lock, 3)]
-        os.posix_spawn(sys.executable, [sys.executable, "-m", "memento_sessions.gitstate", job], os.environ,
-                       file_actions=actions, setsid=True)
-    finally:
-        os.close(lock)  # the child's descriptor 3 keeps the lock until it exits
-
-
-def stamp_later(job: dict[str, Any]) -> None:
-    """The child: stamp the input, then spool its stamps as a line of their own (nothing when none was found)."""
-    from memento_sessions.cli_spool import spool
-
-    record = job["input"]
-    stamp(record)
-    if any(key in record for key in (FIELD, PATCH_FIELD)):
-        spool({**record, DEFERRED: True}, job["folder"], at=job["at"])
-
-
-def wait_for_children(folder: str) -> None:
-    """Until every detached child stamping for this spool is done (`hook --flush`)."""
-    import fcntl
-
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    lock = os.open(os.path.join(folder, LOCK), os.O_RDONLY | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-    finally:
-        os.close(lock)
 
 
 def patch_max() -> int:
@@ -339,12 +296,3 @@ def apply(into: str, head: str, patch: bytes) -> str | None:
     applied = git("apply", "--binary", "--whitespace=nowarn", "-", stdin=patch)
     return None if applied.returncode == 0 else f"the patch does not apply: {applied.stderr.decode().strip()}"
 
-
-if __name__ == "__main__":  # the detached child of `spawn`
-    import json
-    import sys
-
-    try:  # noqa: SIM105 - contextlib is an import the child does without
-        stamp_later(json.loads(sys.argv[1]))
-    except Exception:  # nowhere to say it (stdio is /dev/null): the stamp is just missing, as past its timeout
-        pass

@@ -53,6 +53,7 @@ SECTIONS: dict[str, Section] = {
     "hook-http": hooks.http_decision,
     "hook-decision": hooks.command_decision,
     "hook-stamp": hooks.stamp,
+    "agent-loop": hooks.agent_loop,
     "otlp": otlp.otlp_logs,
     "lease-acquire": coordination.lease_acquire,
     "intent": intents.measure,
