@@ -340,58 +340,6 @@ def answer(record: Any, kept: dict[str, Wire]) -> dict[str, Any] | None:
     return output if isinstance(output, dict) and output else None
 
 
-def post_input(record: dict[str, Any], at: str, start: int, end: int, folder: str) -> tuple[bool, Any]:
-    """The one-round-trip path: when the spool holds nothing before this input, POST it to the daemon's
-    `/hooks/claude-code` with what the spool keeps with it (its read time and project root: the events are
-    those the WebSocket delivery would send, written once whichever sends them), which records it and
-    answers; once recorded, the input is delivered (the offset moves past it). (taken, the answer): not
-    taken when there is a backlog, another hook delivers, the input carries stamps to convert here, or the
-    daemon does not take the post (then the WebSocket path asks and delivers); taken with no answer when the
-    daemon is away."""
-    from memento_sessions.gitstate import COMMIT_FIELD
-
-    token, headers = os.environ.get("MEMENTO_TOKEN"), post_headers(record, at)
-    if not token or headers is None or COMMIT_FIELD in record:
-        return False, None
-    from memento_sessions.cli_wire import WireError, post
-
-    try:
-        with Locked(os.path.join(folder, "deliver.lock"), os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            if read_offset(folder) != start:
-                return False, None
-            try:
-                status, headers, body = post(daemon_url(), token, "/hooks/claude-code",
-                                             cli_json.dumps(record).encode(), headers, STARTED + ANSWER_BUDGET)
-            except WireError:
-                return True, None
-            if status != 200:
-                return False, None
-            if headers.get("x-memento-hook-recorded") == "1":
-                write_offset(folder, end)
-                compact(folder)
-            return True, cli_json.loads(body)
-    except (BlockingIOError, ValueError):  # another hook is delivering; a reply that is not JSON
-        return False, None
-
-
-def post_headers(record: dict[str, Any], at: str) -> dict[str, str] | None:
-    """The spooled input's read time and root, and this project's lease policy and claim when set; None when
-    the root cannot go in a header (not printable ASCII, too long): the WebSocket path sends it then."""
-    env = os.environ
-    root = env.get("CLAUDE_PROJECT_DIR") or record.get("cwd")
-    headers = {"X-Memento-Hook-At": at}
-    if isinstance(root, str) and root:
-        if not (root.isprintable() and root.isascii() and len(root) <= 4096):
-            return None
-        headers["X-Memento-Hook-Root"] = root
-    if env.get("MEMENTO_HOOK_LEASES") in POLICIES:
-        headers["X-Memento-Hook-Leases"] = env["MEMENTO_HOOK_LEASES"]
-    ttl = env.get("MEMENTO_HOOK_CLAIM_TTL", "")
-    if ttl.isdigit() and int(ttl) <= 3600:
-        headers["X-Memento-Hook-Claim-Ttl"] = ttl
-    return headers
-
-
 def read_input() -> Any:
     """stdin's hook input; None when it is empty, too large or not JSON."""
     raw = sys.stdin.buffer.read(MAX_INPUT + 1)
@@ -425,7 +373,7 @@ def run_hook(argv: list[str]) -> int:
     """The command: spool stdin's input (unless --flush), print the daemon's answer, then deliver; 0 whatever
     happened, but for --flush with something left (1)."""
     folder = spool_dir()
-    flush, gemini, answering = "--flush" in argv, "--gemini" in argv, 0.0
+    flush, gemini, answering, delivered = "--flush" in argv, "--gemini" in argv, 0.0, False
     kept: dict[str, Wire] = {}
     try:
         if not flush:
@@ -445,10 +393,11 @@ def run_hook(argv: list[str]) -> int:
 
                 spawn(record, at, folder)
             asked = time.monotonic()
-            taken, said = post_input(record, at, start, end, folder)
-            if not taken:
-                said = answer(record, kept)
-            said = said if isinstance(said, dict) and said else None
+            from memento_sessions.cli_post import NOT_TAKEN, post_input
+
+            posted = post_input(record, at, start, end, folder)
+            said = answer(record, kept) if posted is NOT_TAKEN else posted.answer
+            delivered = posted.recorded
             if said or gemini:
                 sys.stdout.write(cli_json.dumps(gemini_answer(said) if gemini else said))
                 sys.stdout.flush()
@@ -457,7 +406,9 @@ def run_hook(argv: list[str]) -> int:
             from memento_sessions.cli_stamp import wait_for_children
 
             wait_for_children(folder)  # the stamps detached children are still taking
-        done = deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600, kept)
+        # A posted input recorded: this call's part is done (what others spooled meanwhile, they deliver).
+        done = delivered or deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600,
+                                    kept)
     except Exception:  # a hook must never fail the agent's tool call, nor print to it
         return 0
     finally:

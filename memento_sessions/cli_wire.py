@@ -123,8 +123,8 @@ def connect(host: str, port: int, timeout: float) -> _socket.socket:
 def post(url: str, token: str, path: str, body: bytes, headers: dict[str, str],
          deadline: float) -> tuple[int, dict[str, str], bytes]:
     """One HTTP/1.1 POST to the daemon whose WebSocket is at `url` (ws:// only): (status, headers with lower-case
-    names, body). WireError when it cannot be reached or answers past the deadline. `Connection: close`: the
-    body is whatever comes until the daemon closes (at most MAX_MESSAGE bytes)."""
+    names, body). WireError when it cannot be reached or answers past the deadline. The body ends at its
+    Content-Length (else when the daemon closes: `Connection: close`), at most MAX_MESSAGE bytes."""
     secure, host, port, _ = split_url(url)
     if secure:
         raise WireError("wss: the hook posts over plain http only")
@@ -135,8 +135,8 @@ def post(url: str, token: str, path: str, body: bytes, headers: dict[str, str],
         sock = connect(host, port, max(0.001, deadline - time.monotonic()))
         try:
             sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "replace") + body)
-            received = bytearray()
-            while len(received) <= MAX_MESSAGE:
+            received, length = bytearray(), -1
+            while len(received) <= MAX_MESSAGE and (length < 0 or len(received) < length):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise WireError("deadline passed")
@@ -145,17 +145,27 @@ def post(url: str, token: str, path: str, body: bytes, headers: dict[str, str],
                 if not chunk:
                     break
                 received += chunk
+                if length < 0 and b"\r\n\r\n" in received:  # the head: stop at the body's end, not the close
+                    top = bytes(received[:received.index(b"\r\n\r\n") + 4])
+                    size = reply_head(top)[1].get("content-length", "")
+                    length = len(top) + int(size) if size.isdigit() else MAX_MESSAGE + 1
         finally:
             sock.close()
     except OSError as exc:
         raise WireError(str(exc)) from None
     head, _, content = bytes(received).partition(b"\r\n\r\n")
+    status, found = reply_head(head)
+    return status, found, content
+
+
+def reply_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """The status and the headers (lower-case names) of an HTTP reply's head; WireError when it is not one."""
     status, *fields = head.decode("latin-1").split("\r\n")
     parts = status.split(" ", 2)
     if len(parts) < 2 or not parts[1].isdigit():
         raise WireError(f"not an HTTP reply: {status[:80]!r}")
-    found = {name.strip().lower(): value.strip() for name, _, value in (field.partition(":") for field in fields)}
-    return int(parts[1]), found, content
+    return int(parts[1]), {name.strip().lower(): value.strip() for name, _, value in
+                           (field.partition(":") for field in fields if field)}
 
 
 class Wire:
