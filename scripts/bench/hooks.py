@@ -208,9 +208,11 @@ async def agent_loop(env: Env) -> list[Figure]:  # noqa: C901 - one scenario: it
 
     async def agent(n: int, end: float) -> None:
         sid = sids[n]
-        await anyio.sleep(INTERVAL * n / LOOP_AGENTS)  # spread over the interval
+        due = time.perf_counter() + INTERVAL * n / LOOP_AGENTS  # spread over the interval
         call = 0
         while True:
+            await anyio.sleep(max(0.0, due - time.perf_counter()))  # one call every INTERVAL, start to start
+            due += INTERVAL
             call += 1
             record = {"session_id": sid, "hook_event_name": "PostToolUse", "cwd": "/loop", "tool_name": "Read",
                       "tool_use_id": f"toolu_{sid}_{call}", "transcript_path": "/t",
@@ -223,7 +225,6 @@ async def agent_loop(env: Env) -> list[Figure]:  # noqa: C901 - one scenario: it
                 surfaced.setdefault(marker, []).append(now)
             if now >= end:
                 return
-            await anyio.sleep(INTERVAL)
 
     async def sender(end: float) -> None:
         import random
