@@ -11,11 +11,13 @@ the backlog a chunk at a time and stops at its deadline, so a call's time and me
 backlog, and the spool is capped (cli_spool.py). A session that is not live is resumed when it was
 suspended, else created (never created over a suspended one).
 
-Before delivering, it asks the daemon for its answer (`hook.answer`: what the swarm has to tell this agent, and
-for an edit the lease policy's decision) and prints it, Claude Code's hook JSON output, on stdout; nothing
-else ever goes there, and nothing at all when there is nothing to say, the input is not a hook input or the
-daemon is away (an allow). It exits 0 whatever happens. Its imports are the
-standard library, the pure converters and a small WebSocket client, so it is done within 200 ms
+When the spool holds nothing but this input, one POST to the daemon's /hooks/claude-code stores it and brings
+the answer (cli_post.py); else, before delivering, it asks the daemon for its answer (`hook.answer`: what the
+swarm has to tell this agent, and for an edit the lease policy's decision). It prints the answer, Claude
+Code's hook JSON output, on stdout; nothing else ever goes there, and nothing at all when there is nothing to
+say, the input is not a hook input or the daemon is away (an allow). It exits 0 whatever happens. Its imports
+are the standard library (JSON from `_json`: cli_json.py), and the pure converters and a small WebSocket
+client only when it delivers a backlog, so it is done within 200 ms
 including the interpreter's start. Configuration comes from the environment only (reading .env and
 validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_DATA_DIR, and where the
 daemon is by every command's rule (the port in `<data dir>/runtime.json`, else MEMENTO_URL, else
