@@ -11,11 +11,13 @@ the backlog a chunk at a time and stops at its deadline, so a call's time and me
 backlog, and the spool is capped (cli_spool.py). A session that is not live is resumed when it was
 suspended, else created (never created over a suspended one).
 
-Before delivering, it asks the daemon for its answer (`hook.answer`: what the swarm has to tell this agent, and
-for an edit the lease policy's decision) and prints it, Claude Code's hook JSON output, on stdout; nothing
-else ever goes there, and nothing at all when there is nothing to say, the input is not a hook input or the
-daemon is away (an allow). It exits 0 whatever happens. Its imports are the
-standard library, the pure converters and a small WebSocket client, so it is done within 200 ms
+When the spool holds nothing but this input, one POST to the daemon's /hooks/claude-code stores it and brings
+the answer (cli_post.py); else, before delivering, it asks the daemon for its answer (`hook.answer`: what the
+swarm has to tell this agent, and for an edit the lease policy's decision). It prints the answer, Claude
+Code's hook JSON output, on stdout; nothing else ever goes there, and nothing at all when there is nothing to
+say, the input is not a hook input or the daemon is away (an allow). It exits 0 whatever happens. Its imports
+are the standard library (JSON from `_json`: cli_json.py), and the pure converters and a small WebSocket
+client only when it delivers a backlog, so it is done within 200 ms
 including the interpreter's start. Configuration comes from the environment only (reading .env and
 validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_DATA_DIR, and where the
 daemon is by every command's rule (the port in `<data dir>/runtime.json`, else MEMENTO_URL, else
@@ -26,11 +28,11 @@ lease policy and claim over the daemon's defaults; CLAUDE_PROJECT_DIR (set by Cl
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sys
 import time
 
+from memento_sessions import cli_json
 from memento_sessions.cli_spool import (
     MAX_INPUT,
     Locked,
@@ -105,14 +107,16 @@ def daemon_url() -> str:
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
-    from memento_sessions.gitstate import git_events
+    from memento_sessions.gitstate import DEFERRED, git_events
     from memento_sessions.ingest.claude_hooks import convert_hook
     from memento_sessions.ingest.events import _ID_OK
 
     record = entry.get("input")
     sid = record.get("session_id") if isinstance(record, dict) else None
-    if not isinstance(sid, str) or not _ID_OK.match(sid):
+    if not isinstance(record, dict) or not isinstance(sid, str) or not _ID_OK.match(sid):
         return None, []
+    if record.get(DEFERRED):  # stamps a detached child took: no hook event of their own
+        return sid, git_events(entry)
     events, _ = convert_hook(record, at=entry.get("at"), project_root=entry.get("root"))
     return sid, events + git_events(entry)
 
@@ -294,6 +298,8 @@ def send_group(folder: str, wires: Wires, group: list[Spooled]) -> bool:
 
 def reject(folder: str, entry: dict[str, Any], exc: RpcFailure) -> None:
     """Keep an input the daemon refuses as invalid in rejected.jsonl, with the reason."""
+    import json  # a rejection is rare: the lean path's cli_json has no `default`
+
     line = json.dumps({"error": str(exc), "data": exc.data, **entry}, ensure_ascii=False, default=str)
     with Locked(os.path.join(folder, "rejected.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
         os.write(fd, (line + "\n").encode())
@@ -342,7 +348,7 @@ def read_input() -> Any:
     if not raw.strip() or len(raw) > MAX_INPUT:
         return None
     try:
-        return json.loads(raw)
+        return cli_json.loads(raw)
     except ValueError:
         return None
 
@@ -369,7 +375,7 @@ def run_hook(argv: list[str]) -> int:
     """The command: spool stdin's input (unless --flush), print the daemon's answer, then deliver; 0 whatever
     happened, but for --flush with something left (1)."""
     folder = spool_dir()
-    flush, gemini, answering = "--flush" in argv, "--gemini" in argv, 0.0
+    flush, gemini, answering, delivered = "--flush" in argv, "--gemini" in argv, 0.0, False
     kept: dict[str, Wire] = {}
     try:
         if not flush:
@@ -380,16 +386,31 @@ def run_hook(argv: list[str]) -> int:
                 if gemini:
                     sys.stdout.write("{}")  # Gemini CLI reads any other stdout as a message to show
                 return 0
-            from memento_sessions.gitstate import stamp  # SessionStart, Stop: the agent's git HEAD and dirty tree
-            stamp(record)
-            spool(record, folder)
+            from memento_sessions import gitstate  # a commit now; the git state and uncommitted work by a child
+
+            gitstate.stamp(record, slow=False)
+            at, start, end = spool(record, folder)
+            if gitstate.deferred(record):
+                from memento_sessions.cli_stamp import spawn
+
+                spawn(record, at, folder)
             asked = time.monotonic()
-            said = answer(record, kept)
+            from memento_sessions.cli_post import NOT_TAKEN, post_input
+
+            posted = post_input(record, at, start, end, folder)
+            said = answer(record, kept) if posted is NOT_TAKEN else posted.answer
+            delivered = posted.recorded
             if said or gemini:
-                sys.stdout.write(json.dumps(gemini_answer(said) if gemini else said, ensure_ascii=False))
+                sys.stdout.write(cli_json.dumps(gemini_answer(said) if gemini else said))
                 sys.stdout.flush()
             answering = time.monotonic() - asked  # not taken from the delivery's budget
-        done = deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600, kept)
+        else:
+            from memento_sessions.cli_stamp import wait_for_children
+
+            wait_for_children(folder)  # the stamps detached children are still taking
+        # A posted input recorded: this call's part is done (what others spooled meanwhile, they deliver).
+        done = delivered or deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600,
+                                    kept)
     except Exception:  # a hook must never fail the agent's tool call, nor print to it
         return 0
     finally:

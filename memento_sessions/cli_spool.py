@@ -10,10 +10,11 @@ Standard library only, and little of it (see cli_hook.py: the hook runs once per
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import sys
 import time
+
+from memento_sessions import cli_json
 
 TYPE_CHECKING = False  # not `typing` (mypy takes any name TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -54,13 +55,18 @@ class Locked:
         os.close(self.fd)  # closing releases the lock
 
 
-def spool(record: Any, folder: str) -> None:
-    """Append one input with when it was read and the project root; one write under the lock."""
+def spool(record: Any, folder: str, at: str | None = None) -> tuple[str, int, int]:
+    """Append one input with when it was read (`at`, else now) and the project root; one write under the
+    lock. The time it was spooled with, and where its line starts and ends in the spool."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     root = os.environ.get("CLAUDE_PROJECT_DIR") or (record.get("cwd") if isinstance(record, dict) else None)
-    line = json.dumps({"at": now_iso(), "root": root, "input": record}, separators=(",", ":"), ensure_ascii=False)
+    at = at or now_iso()
+    line = cli_json.dumps({"at": at, "root": root, "input": record})
+    data = (line + "\n").encode()
     with Locked(os.path.join(folder, "spool.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
-        os.write(fd, (line + "\n").encode())
+        os.write(fd, data)
+        end = os.lseek(fd, 0, os.SEEK_CUR)
+    return at, end - len(data), end
 
 
 def read_text(path: str) -> str:
@@ -110,7 +116,7 @@ def pending(folder: str, offset: int, limit: int = CHUNK) -> list[tuple[int, byt
 
 def parse(line: bytes) -> dict[str, Any]:
     try:
-        entry = json.loads(line)
+        entry = cli_json.loads(line)
     except ValueError:
         return {}
     return entry if isinstance(entry, dict) else {}

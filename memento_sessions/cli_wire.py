@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import _socket
 import binascii
-import json
 import os
 import time
+
+from memento_sessions import cli_json
 
 TYPE_CHECKING = False  # not `typing`: see above (mypy takes any name TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ def daemon_url(data_dir: str, url: str | None, host: str | None, port: str | int
     A wildcard listen address means loopback."""
     try:
         with open(os.path.join(data_dir, "runtime.json"), encoding="utf-8") as file:
-            runtime = json.loads(file.read())
+            runtime = cli_json.loads(file.read())
         if _alive(runtime.get("pid")):  # a daemon killed with -9 left its file behind
             return _ws_url(runtime.get("host"), int(runtime["port"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -117,6 +118,54 @@ def connect(host: str, port: int, timeout: float) -> _socket.socket:
             continue
         return sock
     raise failure
+
+
+def post(url: str, token: str, path: str, body: bytes, headers: dict[str, str],
+         deadline: float) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 POST to the daemon whose WebSocket is at `url` (ws:// only): (status, headers with lower-case
+    names, body). WireError when it cannot be reached or answers past the deadline. The body ends at its
+    Content-Length (else when the daemon closes: `Connection: close`), at most MAX_MESSAGE bytes."""
+    secure, host, port, _ = split_url(url)
+    if secure:
+        raise WireError("wss: the hook posts over plain http only")
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Authorization: Bearer {token}",
+             "Content-Type: application/json", f"Content-Length: {len(body)}", "Connection: close",
+             *(f"{name}: {value}" for name, value in headers.items())]
+    try:
+        sock = connect(host, port, max(0.001, deadline - time.monotonic()))
+        try:
+            sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode("utf-8", "replace") + body)
+            received, length = bytearray(), -1
+            while len(received) <= MAX_MESSAGE and (length < 0 or len(received) < length):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WireError("deadline passed")
+                sock.settimeout(left)
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                received += chunk
+                if length < 0 and b"\r\n\r\n" in received:  # the head: stop at the body's end, not the close
+                    top = bytes(received[:received.index(b"\r\n\r\n") + 4])
+                    size = reply_head(top)[1].get("content-length", "")
+                    length = len(top) + int(size) if size.isdigit() else MAX_MESSAGE + 1
+        finally:
+            sock.close()
+    except OSError as exc:
+        raise WireError(str(exc)) from None
+    head, _, content = bytes(received).partition(b"\r\n\r\n")
+    status, found = reply_head(head)
+    return status, found, content
+
+
+def reply_head(head: bytes) -> tuple[int, dict[str, str]]:
+    """The status and the headers (lower-case names) of an HTTP reply's head; WireError when it is not one."""
+    status, *fields = head.decode("latin-1").split("\r\n")
+    parts = status.split(" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise WireError(f"not an HTTP reply: {status[:80]!r}")
+    return int(parts[1]), {name.strip().lower(): value.strip() for name, _, value in
+                           (field.partition(":") for field in fields if field)}
 
 
 class Wire:
@@ -218,9 +267,9 @@ class Wire:
         self.next_id += 1
         request = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
         try:
-            self.send(0x1, json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode())
+            self.send(0x1, cli_json.dumps(request).encode())
             while True:
-                message = json.loads(self.receive())
+                message = cli_json.loads(self.receive())
                 if isinstance(message, dict) and message.get("id") == self.next_id:
                     break
         except (OSError, ValueError) as exc:

@@ -11,6 +11,15 @@ reads back (bridge/freshness.py). Untracked files count by name (status), not by
 
 Like the rest of the hook it imports nothing at load time beyond `os` and `time`: `subprocess`, `select` and
 `hashlib` are imported only when a stamp is taken, so an edit's hook pays nothing for this module.
+
+The git state and the uncommitted work (SessionStart, Stop, SessionEnd) take tens of milliseconds on a large
+work tree (git status alone), more than a hook call may spend: the hook spawns a detached child instead
+(cli_stamp.py: os.posix_spawn of `python -m memento_sessions.cli_stamp`, its own session, stdio on /dev/null,
+so Claude Code does not wait for it), which takes them and appends them to the spool as one more line (marked
+`memento_git_deferred`, the input's own time, so its events' ids are what the hook would have written); the
+next hook call delivers it. Each child holds a shared flock on `<spool>/stamping.lock` (taken by the hook
+before the spawn, so none is missed), and `hook --flush` waits for them all before it delivers. Only the
+commit stamp of a PostToolUse (a few milliseconds, small outputs) stays in the hook call.
 """
 
 from __future__ import annotations
@@ -38,14 +47,19 @@ PATCH_TYPE = "git:patch"
 PATCH_MAX = 262144  # default MEMENTO_HOOK_PATCH_MAX_BYTES
 PATCH_CEILING = 524288  # the most it may be: a patch's events go in one emitBatch, under the 1 MiB frame
 PART = 8192  # patch bytes per event (base64: about 11 KiB of data, under the 16 KiB an event's data holds)
+DEFERRED = "memento_git_deferred"  # a spool line a detached child wrote: its stamps only, no hook event of its own
+LOCK = "stamping.lock"  # in the spool folder: a child stamping holds it shared, `hook --flush` waits exclusive
 
 
-def stamp(record: dict[str, Any]) -> None:
+def stamp(record: dict[str, Any], slow: bool = True) -> None:
     """Add to a hook input (in place) what this module records of it: the git state at SessionStart and Stop,
-    the uncommitted work at Stop and SessionEnd, the commit a Bash `git commit` made at its PostToolUse."""
+    the uncommitted work at Stop and SessionEnd (`slow`: else left to `spawn`), the commit a Bash `git commit`
+    made at its PostToolUse."""
     name = record.get("hook_event_name")
     sha = made_commit(record) if name == "PostToolUse" else None
     if (name not in STAMPED and name not in PATCHED and sha is None) or FIELD in record or COMMIT_FIELD in record:
+        return
+    if not slow and sha is None:
         return
     timeout, root = _timeout(), record.get("cwd") if sha is not None else os.environ.get(
         "CLAUDE_PROJECT_DIR") or record.get("cwd")
@@ -53,11 +67,17 @@ def stamp(record: dict[str, Any]) -> None:
         return
     deadline = time.monotonic() + timeout
     found = {COMMIT_FIELD: commit(root, sha, timeout)} if sha is not None else {}
-    if name in STAMPED:
+    if name in STAMPED and slow:
         found[FIELD] = state(root, timeout)
-    if name in PATCHED and patch_max() > 0:
+    if name in PATCHED and slow and patch_max() > 0:
         found[PATCH_FIELD] = work(root, max(0.0, deadline - time.monotonic()), patch_max())
     record.update({key: value for key, value in found.items() if value is not None})
+
+
+def deferred(record: dict[str, Any]) -> bool:
+    """Whether the input has slow stamps for a child to take (SessionStart, Stop, SessionEnd with git on)."""
+    name = record.get("hook_event_name")
+    return (name in STAMPED or (name in PATCHED and patch_max() > 0)) and FIELD not in record and _timeout() > 0
 
 
 def patch_max() -> int:
@@ -275,3 +295,4 @@ def apply(into: str, head: str, patch: bytes) -> str | None:
             return f"cannot check out {head} in {into} (fetch it first): {moved.stderr.decode().strip()}"
     applied = git("apply", "--binary", "--whitespace=nowarn", "-", stdin=patch)
     return None if applied.returncode == 0 else f"the patch does not apply: {applied.stderr.decode().strip()}"
+

@@ -3,6 +3,8 @@ bridge.handoff says how fresh that is and how the receiver's own state compares.
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import subprocess
 import time
@@ -12,9 +14,10 @@ from typing import Any
 import anyio
 import pytest
 
+from memento_sessions.cli_stamp import wait_for_children
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.gitstate import FIELD, stamp, state
+from memento_sessions.gitstate import DEFERRED, FIELD, stamp, state
 from memento_sessions.server.daemon import Daemon, running
 from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
@@ -71,6 +74,49 @@ async def test_the_stamp_on_a_10000_file_repository_is_bounded(tmp_path: Path) -
     assert sorted(times)[2] < 0.5  # generous: ~20 ms on a quiet machine
 
 
+def spooled(folder: Path) -> list[dict[str, Any]]:
+    path = folder / "spool.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+async def test_the_hook_leaves_the_stamp_to_a_child_and_the_next_call_delivers_it(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    """On a 10,000-file work tree the SessionStart hook returns without running git: a child takes the state,
+    spools it with the input's own time and delivers it; when it cannot (another hook holds the delivery, here
+    the test), the next hook call delivers it, without a --flush."""
+    repo = repo_with(tmp_path / "big", 10_000)
+    (repo / "f7.py").write_text("changed\n")
+    folder = tmp_path / "hook-spool"
+    settings = make_settings(backend_urls, tmp_path / "d", port=free_port())
+    async with running(settings) as daemon:
+        env = {**hook_env(tmp_path, namespace, daemon.port), "CLAUDE_PROJECT_DIR": str(repo)}
+        start = {"session_id": "claude-later", "hook_event_name": "SessionStart", "cwd": str(repo)}
+        folder.mkdir()
+        with (folder / "deliver.lock").open("w") as held:
+            fcntl.flock(held, fcntl.LOCK_EX)  # a hook delivering: neither the call nor its child can
+            assert (await anyio.to_thread.run_sync(run_hook, env, start)).returncode == 0
+            assert await anyio.to_thread.run_sync(wait_for_children, str(folder))
+        lines = spooled(folder)
+        assert [bool(line["input"].get(DEFERRED)) for line in lines] == [False, True]
+        assert FIELD not in lines[0]["input"] and lines[1]["at"] == lines[0]["at"]  # the input's own time
+        prompt = {"session_id": "claude-later", "hook_event_name": "UserPromptSubmit", "cwd": str(repo),
+                  "prompt": "go"}
+        assert (await anyio.to_thread.run_sync(run_hook, env, prompt)).returncode == 0
+        assert spooled(folder) == []  # all delivered by that call
+        events = await stored(daemon.port, namespace, "claude-later")
+        records = [event for event in events if event["type"] == "git:state"]
+        now = state(str(repo), 5.0)
+        assert now is not None and len(records) == 1 and records[0]["data"] == {**now, "hook": "SessionStart"}
+        assert records[0]["timestamp"] == lines[0]["at"]
+        # Nothing held: the child delivers its stamp itself, and the next call has nothing to send first.
+        stop = {"session_id": "claude-later", "hook_event_name": "Stop", "cwd": str(repo)}
+        assert (await anyio.to_thread.run_sync(run_hook, env, stop)).returncode == 0
+        assert await anyio.to_thread.run_sync(wait_for_children, str(folder))
+        assert spooled(folder) == []
+        events = await stored(daemon.port, namespace, "claude-later")
+        assert [event["data"]["hook"] for event in events if event["type"] == "git:state"] == ["SessionStart", "Stop"]
+
+
 async def test_the_hook_records_the_git_state_and_the_handoff_returns_it(backend_urls: Endpoints, tmp_path: Path,
                                                                          namespace: str) -> None:
     repo = repo_with(tmp_path / "r", 2)
@@ -79,6 +125,8 @@ async def test_the_hook_records_the_git_state_and_the_handoff_returns_it(backend
         env = hook_env(tmp_path, namespace, daemon.port)
         start = {"session_id": "claude-git", "hook_event_name": "SessionStart", "cwd": str(repo), "source": "startup"}
         assert (await anyio.to_thread.run_sync(run_hook, env, start)).returncode == 0
+        # The state is taken by a detached child just after the hook returns: the agent's first edit comes later.
+        await anyio.to_thread.run_sync(wait_for_children, str(tmp_path / "hook-spool"))
         (repo / "f0.py").write_text("edited\n")
         stop = {"session_id": "claude-git", "hook_event_name": "Stop", "cwd": str(repo)}
         assert (await anyio.to_thread.run_sync(run_hook, env, stop)).returncode == 0
@@ -146,3 +194,14 @@ async def test_bad_handoff_params_are_refused_naming_the_field(daemon: Daemon, n
         error = await a.error("bridge.handoff", {"sessionId": sid, **params})
         assert error["code"] == -32602 and any(field in item["field"] or field in item["message"]
                                                for item in error["data"])
+
+
+def test_the_session_start_hook_runs_no_git_itself(tmp_path: Path, namespace: str) -> None:
+    """The hook call only spawns the child: it imports neither subprocess nor select (git is not run there)."""
+    repo = repo_with(tmp_path / "r", 2)
+    env = {**hook_env(tmp_path, namespace, free_port()), "CLAUDE_PROJECT_DIR": str(repo),
+           "PYTHONPROFILEIMPORTTIME": "1"}
+    done = run_hook(env, {"session_id": "claude-lean", "hook_event_name": "SessionStart", "cwd": str(repo)})
+    imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
+    assert done.returncode == 0 and "memento_sessions.cli_stamp" in imported
+    assert imported & {"subprocess", "select"} == set()

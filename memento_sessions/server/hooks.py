@@ -7,14 +7,23 @@ input's events go into its session as the session's own agent (auth.session_agen
 the hook JSON output of `hook.answer`, the same answer `memento-sessions hook` prints. Anything the daemon
 cannot answer (a malformed input, a backend away) is answered `{}`: the tool call goes on. A missing or
 bad token is 401, which Claude Code treats as a non-blocking error.
+
+`memento-sessions hook` posts here too, when its spool holds nothing but the input it just read: one round trip
+that records and answers. It sends what its spool keeps with the input, so the events are the ones its
+WebSocket delivery would send (ids and all, written once whichever path sends them): the time it read the
+input (`X-Memento-Hook-At`), the project root (`X-Memento-Hook-Root`), and its claim TTL
+(`X-Memento-Hook-Claim-Ttl`). The reply says whether the events were stored (`X-Memento-Hook-Recorded: 1`):
+if not, the hook keeps the input in its spool for the WebSocket delivery.
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import pydantic_core
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -34,6 +43,11 @@ log = get_logger(__name__)
 MAX_BODY = 4 * 1024 * 1024  # bytes of a hook input (as the command hook's MAX_INPUT)
 BATCH = 200  # events per event.emitBatch
 POLICY = "x-memento-hook-leases"  # optional header: the lease policy for this project (off, warn, enforce)
+AT, ROOT, CLAIM_TTL = "x-memento-hook-at", "x-memento-hook-root", "x-memento-hook-claim-ttl"  # the command hook's
+RECORDED = "x-memento-hook-recorded"
+READ_AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")  # as the command hook's spool writes it
+ROOT_MAX = 4096  # characters of a project root (as hook.answer's `root`)
+CLAIM_TTL_MAX = 3600
 
 
 async def body_of(request: Request) -> Any:
@@ -82,25 +96,47 @@ def hook_endpoint(registry: Registry, secret: str, limits: Buckets | None, famil
         record = convert(await body_of(request))
         if parse(record, None) is None:  # malformed or unknown: counted there, allowed, nothing written
             return JSONResponse({})
-        params: dict[str, Any] = {"input": record}
-        if request.headers.get(POLICY) in ("off", "warn", "enforce"):
-            params["leases"] = request.headers[POLICY]
-        if isinstance(record, dict) and isinstance(record.get("session_id"), str):
-            await record_events(registry, identity, record)
-        try:
-            result = await registry.call(Call(identity), "hook.answer", params)
-        except RpcError as exc:  # a backend away, a token without the scope: the tool call goes on
-            log.info("hook not answered", error=exc.message, agent_id=identity.agent_id)
-            return JSONResponse({})
-        return JSONResponse(answer(result["output"]))
+        params, at, root = hook_params(request, record)
+        recorded = [False]
+        async with anyio.create_task_group() as group:  # the events stored while the answer is made
+            if isinstance(record, dict) and isinstance(record.get("session_id"), str):
+                group.start_soon(record_events, registry, identity, record, at, root, recorded)
+            try:
+                result = await registry.call(Call(identity), "hook.answer", params)
+            except RpcError as exc:  # a backend away, a token without the scope: the tool call goes on
+                log.info("hook not answered", error=exc.message, agent_id=identity.agent_id)
+                result = None
+        reply = JSONResponse({} if result is None else answer(result["output"]))
+        reply.headers[RECORDED] = "1" if recorded[0] else "0"
+        return reply
 
     return endpoint
 
 
-async def record_events(registry: Registry, identity: Identity, record: dict[str, Any]) -> None:
+def hook_params(request: Request, record: Any) -> tuple[dict[str, Any], str, str | None]:
+    """hook.answer's params, the time the input was read and the project root, from the request's headers
+    (each ignored when it is not well formed: now, no root, the daemon's defaults)."""
+    headers = request.headers
+    params: dict[str, Any] = {"input": record}
+    if headers.get(POLICY) in ("off", "warn", "enforce"):
+        params["leases"] = headers[POLICY]
+    root = headers.get(ROOT)
+    if root is not None and 0 < len(root) <= ROOT_MAX:
+        params["root"] = root
+    else:
+        root = None
+    ttl = headers.get(CLAIM_TTL, "")
+    if ttl.isdigit() and len(ttl) <= 4 and int(ttl) <= CLAIM_TTL_MAX:
+        params["claimTtl"] = int(ttl)
+    at = headers.get(AT, "")
+    return params, at if READ_AT.fullmatch(at) else iso(now_ms()), root
+
+
+async def record_events(registry: Registry, identity: Identity, record: dict[str, Any], at: str,
+                        root: str | None = None, recorded: list[bool] | None = None) -> None:
     """The input's events in its session, as the session's agent (resumed, else created, when not live); a
-    refusal is logged, never the hook's answer."""
-    events, _ = convert_hook(record, at=iso(now_ms()))
+    refusal is logged, never the hook's answer. `recorded[0]` set once they are all stored."""
+    events, _ = convert_hook(record, at=at, project_root=root)
     sid = record["session_id"]
     call = Call(session_agent(identity, sid))
     try:
@@ -108,6 +144,9 @@ async def record_events(registry: Registry, identity: Identity, record: dict[str
             await emit(registry, call, {"sessionId": sid, "events": events[start:start + BATCH]})
     except RpcError as exc:
         log.info("hook events not recorded", error=exc.message, session_id=sid if len(sid) <= 128 else None)
+        return
+    if recorded is not None:
+        recorded[0] = True
 
 
 async def emit(registry: Registry, call: Call, batch: dict[str, Any]) -> None:

@@ -131,11 +131,13 @@ def spooled_lines(path: Path) -> int:
 
 
 def hook_inputs(count: int, sid: str) -> list[bytes]:
-    """PreToolUse / PostToolUse pairs of Edits, as Claude Code sends them."""
+    """PreToolUse / PostToolUse pairs of Edits, as Claude Code sends them (files of the session's own: each
+    session is its own agent, and another's claim would be answered with a warning)."""
     out = []
     for n in range(count):
         record: dict[str, Any] = {"session_id": sid, "cwd": "/repo", "tool_name": "Edit", "transcript_path": "/t",
-                                  "tool_use_id": f"toolu_{n // 2}", "tool_input": {"file_path": f"/repo/f{n // 2}.py"}}
+                                  "tool_use_id": f"toolu_{n // 2}",
+                                  "tool_input": {"file_path": f"/repo/{sid}/f{n // 2}.py"}}
         record["hook_event_name"] = "PreToolUse" if n % 2 == 0 else "PostToolUse"
         out.append(json.dumps(record).encode())
     return out
