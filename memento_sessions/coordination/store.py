@@ -12,7 +12,7 @@ from redis.exceptions import ResponseError
 from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Forbidden
 from memento_sessions.logs import get_logger
-from memento_sessions.redisio.pipe import Acks, Pipe, replicas_behind
+from memento_sessions.redisio.pipe import Acks, Pipe, call_acked
 from memento_sessions.sessions.store import translate
 
 log = get_logger(__name__)
@@ -54,19 +54,8 @@ class CoordStore:
             raise coord_error(str(exc)) from None
 
     async def _acked(self, acks: Acks, fcall: tuple[str | int, ...]) -> Any:
-        """The call and a WAIT after it on one connection: answered once `acks.replicas` replicas hold its write,
-        -32050 (replica_ack_timeout) past the timeout, as an emit."""
-        if self.pipe is not None:
-            return await self.pipe.call_acked(acks, *fcall)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.execute_command(*fcall)
-            pipe.wait(acks.replicas, acks.timeout_ms)
-            reply, acked = await pipe.execute(raise_on_error=False)
-        if isinstance(reply, Exception):
-            raise reply
-        if int(acked) < acks.replicas:
-            raise replicas_behind(acks, int(acked))
-        return reply
+        """The call and a WAIT after it on one connection, as an emit's (redisio.pipe.call_acked)."""
+        return await call_acked(self.redis, self.pipe, acks, *fcall)
 
     async def command(self, *args: str | int | float) -> Any:
         """One command over the pipe (in order with the emits) or the pooled client."""

@@ -61,6 +61,22 @@ def replicas_behind(acks: Acks, acked: int) -> BackendUnavailable:
                               {"backend": "redis", "reason": "replica_ack_timeout"})
 
 
+async def call_acked(redis: Any, pipe: Pipe | None, acks: Acks, *command: str | int | float) -> Any:
+    """One command and a WAIT after it on one connection (the pipe's, else one redis-py pipeline's): answered
+    once `acks.replicas` replicas hold its write, -32050 (replica_ack_timeout) past the timeout."""
+    if pipe is not None:
+        return await pipe.call_acked(acks, *command)
+    async with redis.pipeline(transaction=False) as batch:
+        batch.execute_command(*command)
+        batch.wait(acks.replicas, acks.timeout_ms)
+        reply, acked = await batch.execute(raise_on_error=False)
+    if isinstance(reply, Exception):
+        raise reply
+    if int(acked) < acks.replicas:
+        raise replicas_behind(acks, int(acked))
+    return reply
+
+
 class _Protocol(asyncio.Protocol):
     """One connection: an outbox flushed once per loop turn, and the callers waiting in reply order."""
 

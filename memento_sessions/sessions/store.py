@@ -12,7 +12,7 @@ from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Conflict, NotFound, RpcError
 from memento_sessions.keys import SessionKeys
 from memento_sessions.logs import get_logger
-from memento_sessions.redisio.pipe import Acks, Pipe, replicas_behind
+from memento_sessions.redisio.pipe import Acks, Pipe, call_acked
 
 log = get_logger(__name__)
 LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()
@@ -70,18 +70,8 @@ class FunctionStore:
 
     async def _fcall_acked(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...],
                            acks: Acks) -> Any:
-        """The FCALL and a WAIT after it on one connection (the pipe's, or one redis-py pipeline's)."""
-        if self.pipe is not None:
-            return await self.pipe.call_acked(acks, "FCALL", function, 4, *keys.all(), *args)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.fcall(function, 4, *keys.all(), *args)
-            pipe.wait(acks.replicas, acks.timeout_ms)
-            reply, acked = await pipe.execute(raise_on_error=False)
-        if isinstance(reply, Exception):
-            raise reply
-        if int(acked) < acks.replicas:
-            raise replicas_behind(acks, int(acked))
-        return reply
+        """The FCALL and a WAIT after it on one connection (redisio.pipe.call_acked)."""
+        return await call_acked(self.redis, self.pipe, acks, "FCALL", function, 4, *keys.all(), *args)
 
 
 def library(*, cluster: bool) -> str:
