@@ -1,11 +1,11 @@
-"""JSON-RPC methods over the SessionBridge: bridge.transitions, .isolate, .handoff and .outcomes."""
+"""JSON-RPC methods over the SessionBridge: bridge.transitions, .isolate, .handoff and .outcomes (declared in api/)."""
 
 from __future__ import annotations
 
 from pydantic import Field
 
 from memento_sessions.bridge.bridge import SessionBridge
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import ClientId, EntityId, Seq
 
@@ -25,22 +25,20 @@ class OutcomesParams(Params):
     days: int = Field(default=7, ge=1, le=365)
 
 
-def register(registry: Registry, bridge: SessionBridge) -> None:
-    """Add the bridge methods to the registry; each reads only the caller's namespace."""
+class BridgeMethods:
+    """The bridge methods; each reads only the caller's namespace."""
 
-    async def transitions(call: Call, p: TransitionsParams) -> Result:
-        return await bridge.transitions(call.identity.namespace, p.sessionId, p.entityId)
+    def __init__(self, bridge: SessionBridge) -> None:
+        self.bridge = bridge
 
-    async def isolate(call: Call, p: IsolateParams) -> Result:
-        return await bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
+    async def transitions(self, call: Call, p: TransitionsParams) -> Result:
+        return await self.bridge.transitions(call.identity.namespace, p.sessionId, p.entityId)
 
-    async def handoff(call: Call, p: SessionParams) -> Result:
-        return await bridge.handoff(call.identity.namespace, p.sessionId)
+    async def isolate(self, call: Call, p: IsolateParams) -> Result:
+        return await self.bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
 
-    async def outcomes(call: Call, p: OutcomesParams) -> Result:
-        return await bridge.outcomes(call.identity.namespace, p.clusterId, p.days)
+    async def handoff(self, call: Call, p: SessionParams) -> Result:
+        return await self.bridge.handoff(call.identity.namespace, p.sessionId)
 
-    registry.add("bridge.transitions", TransitionsParams, transitions, "sessions:read")
-    registry.add("bridge.isolate", IsolateParams, isolate, "sessions:read")
-    registry.add("bridge.handoff", SessionParams, handoff, "sessions:read")
-    registry.add("bridge.outcomes", OutcomesParams, outcomes, "sessions:read")
+    async def outcomes(self, call: Call, p: OutcomesParams) -> Result:
+        return await self.bridge.outcomes(call.identity.namespace, p.clusterId, p.days)

@@ -1,0 +1,342 @@
+"""What every JSON-RPC method returns, as TypedDicts in the wire's camelCase.
+
+Each result declares every key its method returns, required when the method always returns it, and
+NotRequired when only some replies carry it (a page's `nextSince`, a condensed view's `truncated`);
+tests/test_mcp.py checks the tools' declarations against real replies. They allow extra keys, so that a
+key a method gains later reaches agents at once instead of failing an MCP tool's output check. The MCP
+tools publish them as their outputSchema and `rpc.discover` as each method's result schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
+
+from memento_sessions.sessions.models import SessionState
+
+Json = dict[str, Any]
+_OPEN = ConfigDict(extra="allow")
+
+
+@with_config(_OPEN)
+class Created(TypedDict):
+    sessionId: str
+    state: SessionState
+    seq: int
+    agentIds: list[str]
+    expiresAt: str
+    epoch: str
+
+
+@with_config(_OPEN)
+class Joined(TypedDict):
+    sessionId: str
+    agentIds: list[str]
+    state: SessionState
+    seq: int
+
+
+@with_config(_OPEN)
+class Emitted(TypedDict):
+    seq: int
+    duplicate: bool
+
+
+@with_config(_OPEN)
+class SessionView(TypedDict):
+    sessionId: str
+    state: SessionState
+    agentIds: list[str]
+    seq: int
+    epoch: str
+    createdAt: str
+    updatedAt: str
+    expiresAt: str
+    lastCheckpoint: Json | None
+    labels: dict[str, str]
+    status: Literal["active", "suspended", "completed", "archived"]
+    compactedSeq: NotRequired[int]
+    onIdle: NotRequired[Literal["expire", "suspend"]]
+    parentSessionId: NotRequired[str]
+    forkedAtSeq: NotRequired[int]
+
+
+@with_config(_OPEN)
+class SessionDetail(TypedDict):
+    """A page of events (`events`, `nextSince` when more exist), or the condensed view (the other keys)."""
+
+    session: SessionView
+    events: NotRequired[list[Json]]
+    nextSince: NotRequired[int]
+    counts: NotRequired[dict[str, int]]
+    entities: NotRequired[dict[str, int]]
+    transitions: NotRequired[list[Json]]
+    perfDelta: NotRequired[float | None]  # null when the sum is not a finite number
+    truncated: NotRequired[list[str]]  # the condensed lists that were cut
+    lastCheckpoint: NotRequired[Json | None]
+
+
+@with_config(_OPEN)
+class SessionList(TypedDict):
+    sessions: list[SessionView]
+    nextCursor: NotRequired[str]
+
+
+@with_config(_OPEN)
+class Checkpoint(TypedDict):
+    checkpointId: str
+    outcome: str
+    brokeDuring: bool
+    keyImpacts: list[Any]
+    perfDelta: float
+    actors: list[str]
+    entityIds: list[str]
+    snapshotId: NotRequired[int]  # a broken outcome's failure snapshot, stored
+    snapshotPending: NotRequired[bool]  # ... or kept in Redis until Postgres takes it
+
+
+Source = Literal["live", "archive"]  # read from Redis, or rebuilt from anchors and snapshots after expiry
+
+
+@with_config(_OPEN)
+class Transition(TypedDict):
+    fromSeq: int
+    toSeq: int
+    changeInfo: Json | None
+    impact: Json | None
+    kgContext: NotRequired[Json]  # specs, clusters and benchmarks around the window, when the graph knows any
+    checkpointId: NotRequired[str]  # archived: the transition is known from this checkpoint's anchor only
+
+
+@with_config(_OPEN)
+class Transitions(TypedDict):
+    transitions: list[Transition]
+    source: Source
+
+
+@with_config(_OPEN)
+class EntityImpact(TypedDict):
+    entityId: str
+    anchors: list[Json]
+    count: int
+
+
+@with_config(_OPEN)
+class Isolated(TypedDict):
+    agentId: str
+    events: list[Json]
+    nextSince: NotRequired[int]
+    impacts: list[EntityImpact]
+    totalPerfDelta: float
+    source: Source
+
+
+@with_config(_OPEN)
+class Handoff(TypedDict):
+    sessionId: str
+    state: str
+    agentIds: list[str]
+    recentChanges: list[Json]
+    kgContext: list[Json]
+    joiningAdvice: str
+    source: Source
+    leases: list[Json]  # live leases on the handoff's entities (coordination)
+    openConflicts: list[Json]  # those held by agents outside the session
+
+
+@with_config(_OPEN)
+class Outcomes(TypedDict):
+    clusterName: str | None
+    specTitles: list[str]
+    recentSessions: list[Any]
+    avgPerfDelta: float | None
+    brokenCount: int
+
+
+# coordination
+@with_config(_OPEN)
+class Here(TypedDict):
+    agents: list[Json]
+
+
+@with_config(_OPEN)
+class Lease(TypedDict):
+    leaseId: str | None
+    granted: bool
+    conflicts: list[Json]
+    fencingToken: int | None
+    expiresAt: str | None
+    covers: NotRequired[list[str]]
+
+
+@with_config(_OPEN)
+class Renewed(TypedDict):
+    leaseId: str
+    expiresAt: str
+
+
+@with_config(_OPEN)
+class Released(TypedDict):
+    leaseId: str
+    released: bool
+
+
+@with_config(_OPEN)
+class LeaseList(TypedDict):
+    leases: list[Json]
+    nextCursor: NotRequired[str]
+
+
+@with_config(_OPEN)
+class Sent(TypedDict):
+    messageId: str
+    recipients: list[str]
+
+
+@with_config(_OPEN)
+class Inbox(TypedDict):
+    messages: list[Json]
+    nextSince: NotRequired[int]
+
+
+@with_config(_OPEN)
+class Acked(TypedDict):
+    acked: int
+
+
+# event sourcing and the lifecycle
+@with_config(_OPEN)
+class View(TypedDict):
+    sessionId: str
+    state: str
+    seq: int
+    agentIds: list[str]
+
+
+@with_config(_OPEN)
+class AtView(TypedDict):
+    session: View
+    atSeq: int
+    events: int
+    counts: dict[str, int]
+    entities: dict[str, int]
+    transitions: list[dict[str, Any]]
+    perfDelta: float | None
+    truncated: NotRequired[list[str]]
+
+
+@with_config(_OPEN)
+class Diff(TypedDict):
+    fromSeq: int
+    toSeq: int
+    stateFrom: str
+    stateTo: str
+    events: int
+    byType: dict[str, int]
+    entitiesChanged: list[str]
+    agentsJoined: list[str]
+    agentsLeft: list[str]
+    transitions: list[dict[str, Any]]
+    perfDelta: float | None
+
+
+@with_config(_OPEN)
+class Snapshotted(TypedDict):
+    snapshotId: str
+    seq: int
+    createdAt: str
+
+
+@with_config(_OPEN)
+class Compacted(TypedDict):
+    snapshotId: str | None
+    seq: int
+    compactedSeq: int
+    removed: int
+    requestedSeq: int
+
+
+@with_config(_OPEN)
+class Forked(TypedDict):
+    sessionId: str
+    parentSessionId: str
+    forkedAtSeq: int
+    seq: int
+    state: str
+    epoch: str
+    agentIds: list[str]
+    expiresAt: str
+
+
+@with_config(_OPEN)
+class Moved(TypedDict):
+    sessionId: str
+    status: Literal["active", "suspended", "archived"]
+    seq: int
+    epoch: str
+
+
+# ingested conversations
+@with_config(_OPEN)
+class Conversation(TypedDict):
+    """One page of a thread's blocks and the bounded rest of the conversation state."""
+
+    sessionId: str
+    subagentId: str | None
+    blocks: list[Json]
+    blockCount: int
+    nextCursor: NotRequired[int]
+    subagents: list[Json]
+    subagentCount: int
+    idle: bool
+    metadata: Json
+
+
+# the methods no MCP tool calls
+@with_config(_OPEN)
+class Empty(TypedDict):
+    """`{}`: session.leave, session.unsubscribe, sessions.watch."""
+
+
+@with_config(_OPEN)
+class EmittedBatch(TypedDict):
+    seqs: list[int]
+    duplicates: NotRequired[list[int]]  # the seqs of events stored before (same id)
+    conflicts: NotRequired[list[Json]]  # leases of other agents the events touched
+
+
+@with_config(_OPEN)
+class Subscribed(TypedDict):
+    seq: int
+    epoch: str
+    recovered: bool
+    snapshot: NotRequired[Json]  # the compacted state a replay starts from
+
+
+@with_config(_OPEN)
+class Upserted(TypedDict):
+    nodes: int
+    edges: int
+
+
+@with_config(_OPEN)
+class Cleared(TypedDict):
+    sessionId: str
+    cleared: bool
+
+
+@with_config(_OPEN)
+class Roles(TypedDict):
+    agentId: str
+    roles: list[str]
+
+
+@with_config(_OPEN)
+class Discovered(TypedDict):
+    """The OpenRPC 1.3 document of the whole API."""
+
+    openrpc: str
+    info: Json
+    methods: list[Json]
