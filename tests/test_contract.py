@@ -50,6 +50,7 @@ async def test_the_mcp_tools_are_the_snapshot() -> None:
 
 
 async def test_the_json_rpc_methods_are_the_snapshot(daemon: Daemon) -> None:
+    assert daemon.services is not None
     methods = live_methods(daemon.services.registry)
     assert len(methods) >= 33
     same_as_snapshot("rpc_methods.json", methods)

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-from memento_sessions.api.spec import Declared, Parts, StepOf, Tool
+import functools
+
+from memento_sessions.api.openrpc import document
+from memento_sessions.api.results import Discovered
+from memento_sessions.api.spec import READ, Declared, Parts, StepOf, Tool
 from memento_sessions.api.steps import activity
 from memento_sessions.api.table_coordination import COORDINATION
 from memento_sessions.api.table_graph import GRAPH
 from memento_sessions.api.table_lifecycle import LIFECYCLE
 from memento_sessions.api.table_sessions import SESSIONS
-from memento_sessions.rpc import Handler
+from memento_sessions.rpc import Call, Handler, Result
+from memento_sessions.sessions.methods import Params
 
-METHODS: tuple[Declared, ...] = (*SESSIONS, *LIFECYCLE, *GRAPH, *COORDINATION)
+
+async def discover(call: Call, params: Params) -> Result:
+    """rpc.discover: the OpenRPC document of the whole table (built once, on the first call)."""
+    return openrpc_document()
+
+
+DISCOVER = Declared("rpc.discover", Params, Discovered, READ, lambda s: discover,
+                    "The OpenRPC 1.3 document of every method: params, results, errors.")
+METHODS: tuple[Declared, ...] = (*SESSIONS, *LIFECYCLE, *GRAPH, *COORDINATION, DISCOVER)
 AROUND_EVERY_METHOD: tuple[StepOf, ...] = (activity,)  # outermost, before each method's own steps
 
 
@@ -21,6 +34,12 @@ def stack(declared: Declared, parts: Parts) -> Handler:
     for step in reversed((*AROUND_EVERY_METHOD, *declared.steps)):
         handler = step(parts, handler)
     return handler
+
+
+@functools.cache
+def openrpc_document() -> Result:
+    """The OpenRPC document of METHODS (docs/openrpc.json is this, published)."""
+    return document(METHODS)
 
 
 def tools() -> list[tuple[Declared, Tool]]:
