@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 
 from memento_sessions.api.openrpc import document
-from memento_sessions.api.results import Discovered
 from memento_sessions.api.spec import READ, Declared, Parts, StepOf, Tool
 from memento_sessions.api.steps import activity
 from memento_sessions.api.table_coordination import COORDINATION
 from memento_sessions.api.table_graph import GRAPH
 from memento_sessions.api.table_lifecycle import LIFECYCLE
 from memento_sessions.api.table_sessions import SESSIONS
+from memento_sessions.client.results import Discovered
 from memento_sessions.rpc import Call, Handler, Result
 from memento_sessions.sessions.methods import Params
 

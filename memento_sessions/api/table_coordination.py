@@ -25,8 +25,8 @@ from memento_sessions.api.args import (
     To,
     UnreadOnly,
 )
-from memento_sessions.api.results import Acked, Here, Inbox, Lease, LeaseList, Released, Renewed, Roles, Sent
 from memento_sessions.api.spec import READ, WRITE, Arg, Declared, Tool
+from memento_sessions.client.results import Acked, Here, Inbox, Lease, LeaseList, Released, Renewed, Roles, Sent
 from memento_sessions.coordination.methods import (
     AckParams,
     AcquireParams,

@@ -12,11 +12,11 @@ from memento_sessions.api.args import (
     IsolateSince,
     SessionId,
 )
-from memento_sessions.api.results import Checkpoint, Handoff, Isolated, Outcomes, Transitions, Upserted
 from memento_sessions.api.spec import KG_WRITE, READ, WRITE, Arg, Declared, Tool
 from memento_sessions.api.steps import graph_write, handoff
 from memento_sessions.bridge.methods import IsolateParams, OutcomesParams, TransitionsParams
 from memento_sessions.checkpoints.methods import CheckpointParams
+from memento_sessions.client.results import Checkpoint, Handoff, Isolated, Outcomes, Transitions, Upserted
 from memento_sessions.kg.loader import UpsertParams
 from memento_sessions.sessions.methods import SessionParams
 

@@ -23,7 +23,9 @@ from memento_sessions.api.args import (
     SubagentId,
     Ttl,
 )
-from memento_sessions.api.results import (
+from memento_sessions.api.spec import READ, WRITE, Arg, Declared, Tool
+from memento_sessions.api.steps import fenced_batch, fenced_emit, presence_enter, presence_exit, visit
+from memento_sessions.client.results import (
     AtView,
     Conversation,
     Created,
@@ -35,8 +37,6 @@ from memento_sessions.api.results import (
     SessionList,
     Subscribed,
 )
-from memento_sessions.api.spec import READ, WRITE, Arg, Declared, Tool
-from memento_sessions.api.steps import fenced_batch, fenced_emit, presence_enter, presence_exit, visit
 from memento_sessions.sessions.conversation import ConversationParams
 from memento_sessions.sessions.lifecycle_methods import CreateIdleParams, GetAtParams, ListStatusParams
 from memento_sessions.sessions.methods import EmitBatchParams, EmitParams, Params, SessionParams, SubscribeParams

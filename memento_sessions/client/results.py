@@ -1,4 +1,6 @@
-"""What every JSON-RPC method returns, as TypedDicts in the wire's camelCase.
+"""What every JSON-RPC method returns, as TypedDicts in the wire's camelCase: the typed results of the client's
+methods, and the results api/ declares for each method (the daemon imports them from here, the client being
+the leaf both sides may import).
 
 Each result declares every key its method returns, required when the method always returns it, and
 NotRequired when only some replies carry it (a page's `nextSince`, a condensed view's `truncated`);
@@ -14,8 +16,7 @@ from typing import Any, Literal, NotRequired
 from pydantic import ConfigDict, with_config
 from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
-from memento_sessions.sessions.models import SessionState
-
+SessionState = Literal["working", "broken", "coordinating", "completed"]  # sessions.models.SessionState
 Json = dict[str, Any]
 _OPEN = ConfigDict(extra="allow")
 
