@@ -65,6 +65,7 @@ async def test_the_new_methods_against_a_daemon(daemon: Daemon, namespace: str) 
         refused = await bob.acquire_lease(["fn:a"], 30)
         assert refused["granted"] is False and refused["conflicts"][0]["leaseId"] == lease["leaseId"]
         assert [item["leaseId"] for item in (await bob.list_leases(entity_id="fn:a"))["leases"]] == [lease["leaseId"]]
+        assert lease["leaseId"] is not None
         assert (await alice.release_lease(lease["leaseId"]))["released"] is True
         sent = await alice.send_message("cli-b", {"note": "yours"}, subject="handoff", message_id="m-1")
         assert sent["recipients"] == ["cli-b"]

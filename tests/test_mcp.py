@@ -27,13 +27,13 @@ from mcp_types import CallToolResult
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
+from memento_sessions.api.table_coordination import COORDINATION as COORDINATION_METHODS
+from memento_sessions.api.table_lifecycle import LIFECYCLE as LIFECYCLE_METHODS
 from memento_sessions.bridge.methods import IsolateParams
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import ConfigError
 from memento_sessions.mcp.http import serve_mcp
 from memento_sessions.mcp.tools import build_server
-from memento_sessions.api.table_coordination import COORDINATION as COORDINATION_METHODS
-from memento_sessions.api.table_lifecycle import LIFECYCLE as LIFECYCLE_METHODS
 from memento_sessions.rpc import Registry
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.methods import GetParams, ListParams
