@@ -113,10 +113,19 @@ class LeaseKeys:
     fence: str
     byagent: str
     alive: str
+    covered: str
+    counts: str
+    xcounts: str
 
     def all(self) -> list[str]:
-        """Every key, as passed to FCALL."""
-        return [self.leases, self.holds, self.expiry, self.fence, self.byagent, self.alive]
+        """Every key, as passed to FCALL (`holds` is the prefix of the per-entity hold zsets)."""
+        return [self.leases, self.holds, self.expiry, self.fence, self.byagent, self.alive, self.covered,
+                self.counts, self.xcounts]
+
+    def hold(self, mode: str, entity_id: str) -> str:
+        """ZSET of an entity's holds of one mode (`<agentId>/<leaseId>/<via>` -> end in ms); the coordination
+        Functions build the same name from `holds`."""
+        return f"{self.holds}:{'x' if mode == 'exclusive' else 's'}:{entity_id}"
 
 
 def coord_base(ns: str) -> str:
@@ -125,11 +134,12 @@ def coord_base(ns: str) -> str:
 
 
 def lease_keys(ns: str) -> LeaseKeys:
-    """Leases (hash), holds per entity (hash), expiries (zset), fencing tokens (hash), `<agent>/<leaseId>`
-    (zset) and when each agent was last seen (zset)."""
+    """Leases (hash), the prefix of the holds of each entity (two zsets per entity), expiries (zset), fencing
+    tokens (hash), `<agent>/<leaseId>` (zset), when each agent was last seen (zset), what each lease covers
+    (hash), and each entity's holds not yet removed, all and exclusive (two hashes)."""
     base = coord_base(ns)
     return LeaseKeys(f"{base}:leases", f"{base}:holds", f"{base}:expiry", f"{base}:fence", f"{base}:byagent",
-                     f"{base}:alive")
+                     f"{base}:alive", f"{base}:covered", f"{base}:counts", f"{base}:xcounts")
 
 
 def role_members(ns: str, role: str) -> str:

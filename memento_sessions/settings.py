@@ -64,6 +64,10 @@ class Settings(BaseSettings):
     presence_visit: float = Field(default=300.0, ge=1.0, le=86400.0)  # present after a join/emit without staying
     lease_orphan_grace: float = Field(default=60.0, ge=1.0, le=3600.0)
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
+    lease_max_covered: int = Field(default=4096, ge=1, le=100_000)
+    lease_max_holds: int = Field(default=100, ge=1, le=100_000)
+    lease_reply_max: int = Field(default=256, ge=1, le=100_000)
+    lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
     mailboxes_max: int = Field(default=10_000, ge=1, le=10_000_000)  # agents with a mailbox, per namespace

@@ -5,18 +5,35 @@
 -- and mc_fence_sync writes a session's own keys (`{<sessionId>}`).
 -- Errors start with a word the Python side maps to a JSON-RPC error: NOTFOUND, FORBIDDEN, FULL <reason>.
 --
--- Lease KEYS = {leases (hash leaseId -> lease JSON), holds (hash entityId -> JSON list of holds),
---               expiry (zset leaseId -> expiresAt ms), fence (hash entityId -> newest exclusive token,
---               field COUNTER the namespace's token counter), byagent (zset of `<agentId>/<leaseId>`, all
---               scored 0: an agent's leases are one ZRANGEBYLEX; agent ids hold no '/'),
---               alive (zset agentId -> last seen ms)}.
+-- Lease KEYS = {leases (hash leaseId -> lease JSON, which names at most the first `listed` entities it covers
+--               through the graph), holds (the prefix of each entity's two hold zsets, `<holds>:x:<entityId>`
+--               for exclusive holds and `<holds>:s:<entityId>` for shared ones: member `<agent>/<leaseId>/<via>`,
+--               score the lease's end in ms), expiry (zset leaseId -> expiresAt ms), fence (hash entityId ->
+--               newest exclusive token, field COUNTER the namespace's token counter), byagent (zset of
+--               `<agentId>/<leaseId>`, all scored 0: an agent's leases are one ZRANGEBYLEX; agent ids hold no
+--               '/'), alive (zset agentId -> last seen ms), covered (hash leaseId -> JSON [[entityId, via]...]
+--               of everything the lease holds), counts (hash entityId -> its holds not yet removed, either mode),
+--               xcounts (hash entityId -> its exclusive holds not yet removed)}.
+-- The hold zsets share the namespace's hash tag (built from KEYS[2], so in the call's slot). A grant reads the
+-- counts of all its entities in a few HMGETs; a count is never below the entity's live holds (an expired hold
+-- counts until the reaper removes it), so a zero skips that entity's zsets, and only an entity with exclusive
+-- holds (or, for an exclusive grant, any), or at the cap, has them read by score range. So a grant's work per
+-- entity does not grow with other agents' holds on it (only with the caller's own, which
+-- MEMENTO_LEASE_MAX_HOLDS bounds).
 
 local COUNTER = '\1tokens' -- entity ids hold no control characters, so no entity is this field
 local GRAPH = '\1graph' -- the fence hash's field of the namespace's graph version (coverage.py)
 local KEEP = 7200 -- seconds a coordination key outlives its last write: the longest lease (3600) plus grace
+local SCAN = 16 -- leases or agents the reaper reads per step
+local FIRST, NEXT = 4, 64 -- holds read by the first step of a conflict check (usually enough), then by each next
+local REAP_BUDGET = 20000 -- holds one reap call removes at most; the reaper calls again while it says `more`
+local PAIRS = 11 -- mc_acquire's first ARGV of its (entity, via) pairs
+local CHUNK = 1000 -- fields one HMGET, HSET or HDEL names at most (unpack's limit is far above)
 
 local function keep(keys)
-  for i = 1, #keys do redis.call('EXPIRE', keys[i], KEEP) end
+  for i = 1, #keys do
+    if i ~= 2 then redis.call('EXPIRE', keys[i], KEEP) end -- keys[2] names no key: it is the holds' prefix
+  end
 end
 
 local function decode_list(raw)
@@ -26,90 +43,225 @@ local function decode_list(raw)
   return list
 end
 
--- cjson encodes an empty table as {}; holds and lease lists are arrays, so an empty one is deleted instead.
-local function store_list(key, field, list)
-  if #list == 0 then redis.call('HDEL', key, field) else redis.call('HSET', key, field, cjson.encode(list)) end
+local function hold_key(keys, mode, entity)
+  if mode == 'exclusive' then return keys[2] .. ':x:' .. entity end
+  return keys[2] .. ':s:' .. entity
 end
 
-local function without(list, id)
-  local kept = {}
-  for _, item in ipairs(list) do
-    if item ~= id and (type(item) ~= 'table' or item.id ~= id) then table.insert(kept, item) end
+local function hold_member(agent, lease_id, via) return agent .. '/' .. lease_id .. '/' .. via end
+
+-- The numbers a counts hash holds for `entities`, in order (0 where none).
+local function read_counts(key, entities)
+  local out = {}
+  for from = 1, #entities, CHUNK do
+    local part = {unpack(entities, from, math.min(from + CHUNK - 1, #entities))}
+    for _, value in ipairs(redis.call('HMGET', key, unpack(part))) do table.insert(out, tonumber(value) or 0) end
   end
-  return kept
+  return out
 end
 
--- Removes one lease from every structure; returns its JSON (or nil when it did not exist).
+-- Writes `counts[j] + delta` for each entity j (a count that reaches 0 is removed).
+local function add_counts(key, entities, counts, delta)
+  local sets, dels = {}, {}
+  for j, entity in ipairs(entities) do
+    local value = counts[j] + delta
+    if value > 0 then
+      table.insert(sets, entity)
+      table.insert(sets, value)
+    else
+      table.insert(dels, entity)
+    end
+    if #sets >= 2 * CHUNK then
+      redis.call('HSET', key, unpack(sets))
+      sets = {}
+    end
+    if #dels >= CHUNK then
+      redis.call('HDEL', key, unpack(dels))
+      dels = {}
+    end
+  end
+  if #sets > 0 then redis.call('HSET', key, unpack(sets)) end
+  if #dels > 0 then redis.call('HDEL', key, unpack(dels)) end
+end
+
+-- Removes one lease from every structure; returns how many holds it had (0 when it did not exist).
 local function drop(keys, lease_id)
   local raw = redis.call('HGET', keys[1], lease_id)
   redis.call('ZREM', keys[3], lease_id)
-  if not raw then return nil end
-  local lease = cjson.decode(raw)
-  for _, pair in ipairs(lease.covered) do
-    store_list(keys[2], pair[1], without(decode_list(redis.call('HGET', keys[2], pair[1])), lease_id))
+  if not raw then
+    redis.call('HDEL', keys[7], lease_id)
+    return 0
   end
+  local lease = cjson.decode(raw)
+  local covered, entities = decode_list(redis.call('HGET', keys[7], lease_id)), {}
+  for j, pair in ipairs(covered) do
+    redis.call('ZREM', hold_key(keys, lease.mode, pair[1]), hold_member(lease.agentId, lease_id, pair[2]))
+    entities[j] = pair[1]
+  end
+  add_counts(keys[8], entities, read_counts(keys[8], entities), -1)
+  if lease.mode == 'exclusive' then add_counts(keys[9], entities, read_counts(keys[9], entities), -1) end
   redis.call('ZREM', keys[5], lease.agentId .. '/' .. lease_id)
   redis.call('HDEL', keys[1], lease_id)
-  return raw
+  redis.call('HDEL', keys[7], lease_id)
+  return #covered + 1
 end
 
-local function drop_expired(keys, now)
-  local gone = redis.call('ZRANGEBYSCORE', keys[3], '-inf', now)
-  for _, lease_id in ipairs(gone) do drop(keys, lease_id) end
-  return #gone
+-- Drops expired leases until `budget` holds are spent; returns how many, the holds spent, and whether more
+-- expired leases may remain.
+local function drop_expired(keys, now, budget)
+  local dropped, spent = 0, 0
+  while spent < budget do
+    local gone = redis.call('ZRANGEBYSCORE', keys[3], '-inf', now, 'LIMIT', 0, SCAN)
+    if #gone == 0 then return dropped, spent, false end
+    for _, lease_id in ipairs(gone) do
+      if spent >= budget then break end
+      spent = spent + drop(keys, lease_id)
+      dropped = dropped + 1
+    end
+  end
+  return dropped, spent, true
 end
 
--- A hold conflicts when another agent holds it and either side is exclusive.
-local function conflicts_of(keys, agent, mode, pairs_from, args)
-  local found = {}
-  for i = pairs_from, #args, 2 do
-    local entity, via = args[i], args[i + 1]
-    for _, hold in ipairs(decode_list(redis.call('HGET', keys[2], entity))) do
-      if hold.agent ~= agent and (mode == 'exclusive' or hold.mode == 'exclusive') then
-        local conflict = {entityId = entity, heldBy = hold.agent, leaseId = hold.id, mode = hold.mode}
-        if hold.via ~= '' then conflict.via = hold.via elseif via ~= '' then conflict.via = via end
+-- The live holds on one zset of agents other than `agent`, latest end first, appended to `found` as
+-- conflicts while it has fewer than `room`. Returns whether there is any, and whether one was left out.
+-- Only the agent's own holds are stepped over: the work does not grow with other agents' holds.
+local function others(key, mode, agent, now, entity, via, found, room)
+  local offset, any, step = 0, false, FIRST
+  while true do
+    local batch = redis.call('ZRANGE', key, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', offset, step)
+    for _, member in ipairs(batch) do
+      local holder, lease_id, held_via = string.match(member, '^([^/]*)/([^/]*)/(.*)$')
+      if holder ~= agent then
+        if #found >= room then return true, true end
+        any = true
+        local conflict = {entityId = entity, heldBy = holder, leaseId = lease_id, mode = mode}
+        if held_via ~= '' then conflict.via = held_via elseif via ~= '' then conflict.via = via end
         table.insert(found, conflict)
       end
     end
+    if #batch < step then return any, false end
+    offset, step = offset + step, NEXT
   end
-  return found
 end
 
--- ARGV: now_ms, agent, lease_id, mode, ttl_ms, lease_max, lease_json_tail, graph_version, then (entity, via)
--- pairs. lease_json_tail is the lease's JSON without its closing brace; covered, token and expiry are added
--- here. The pairs were expanded from the graph at graph_version ('*': there is no graph): when the graph has
--- changed since, nothing is granted and the reply says `stale` (the caller expands again and retries).
+-- The (entity, via) pairs of mc_acquire's ARGV, each entity once.
+local function items_of(args)
+  local items, seen = {}, {}
+  for i = PAIRS, #args, 2 do
+    if not seen[args[i]] then
+      seen[args[i]] = true
+      table.insert(items, {args[i], args[i + 1]})
+    end
+  end
+  return items
+end
+
+-- A hold conflicts when another agent holds it and either side is exclusive. Returns the listed conflicts
+-- (at most `room`), how many entities have one, whether any was left out, the first entity already held
+-- MEMENTO_LEASE_MAX_HOLDS times (nil when none), and the entities with their two counts (for the grant).
+local function survey(keys, agent, mode, now, room, max_holds, items)
+  local entities = {}
+  for j, item in ipairs(items) do entities[j] = item[1] end
+  local totals, exclusives = read_counts(keys[8], entities), read_counts(keys[9], entities)
+  local found, conflicting, cut, full, from = {}, 0, false, nil, '(' .. now
+  for j, item in ipairs(items) do
+    local entity, via, any, left = item[1], item[2], false, false
+    if totals[j] > 0 then
+      local xkey, skey = hold_key(keys, 'exclusive', entity), hold_key(keys, 'shared', entity)
+      if exclusives[j] > 0 then any, left = others(xkey, 'exclusive', agent, now, entity, via, found, room) end
+      if mode == 'exclusive' and totals[j] > exclusives[j] then
+        local any_shared, left_shared = others(skey, 'shared', agent, now, entity, via, found, room)
+        any, left = any or any_shared, left or left_shared
+      end
+      if not full and totals[j] >= max_holds and
+         redis.call('ZCOUNT', xkey, from, '+inf') + redis.call('ZCOUNT', skey, from, '+inf') >= max_holds then
+        full = entity
+      end
+    end
+    if any then conflicting = conflicting + 1 end
+    cut = cut or left
+  end
+  return found, conflicting, cut, full, {entities, totals, exclusives}
+end
+
+-- The JSON array of the first `room` entities held through the graph, and how many more there are.
+local function covers_json(items, room)
+  local shown, omitted = {}, 0
+  for _, item in ipairs(items) do
+    if item[2] ~= '' then
+      if #shown < room then table.insert(shown, cjson.encode(item[1])) else omitted = omitted + 1 end
+    end
+  end
+  return '[' .. table.concat(shown, ',') .. ']', omitted
+end
+
+-- Writes the grant: one hold per covered entity, their counts, the lease, its end and its agent's index entry.
+local function grant(keys, args, items, counted, agent, lease_id, mode, expires, room)
+  local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
+  local fences = {}
+  for _, item in ipairs(items) do
+    local key = hold_key(keys, mode, item[1])
+    redis.call('ZADD', key, expires, hold_member(agent, lease_id, item[2]))
+    redis.call('EXPIRE', key, KEEP)
+    if mode == 'exclusive' then
+      table.insert(fences, item[1])
+      table.insert(fences, token)
+      if #fences >= 2 * CHUNK then
+        redis.call('HSET', keys[4], unpack(fences))
+        fences = {}
+      end
+    end
+  end
+  if #fences > 0 then redis.call('HSET', keys[4], unpack(fences)) end
+  local entities, totals, exclusives = counted[1], counted[2], counted[3]
+  add_counts(keys[8], entities, totals, 1)
+  if mode == 'exclusive' then add_counts(keys[9], entities, exclusives, 1) end
+  local covers, omitted = covers_json(items, room)
+  redis.call('HSET', keys[1], lease_id, args[7] .. ',"covers":' .. covers .. ',"coversOmitted":' .. omitted ..
+             ',"fencingToken":' .. token .. ',"expiresAt":' .. expires .. '}')
+  redis.call('HSET', keys[7], lease_id, cjson.encode(items))
+  redis.call('ZADD', keys[3], expires, lease_id)
+  redis.call('ZADD', keys[5], 0, agent .. '/' .. lease_id)
+  return token
+end
+
+-- ARGV: now_ms, agent, lease_id, mode, ttl_ms, lease_max, lease_json_tail, graph_version, max_holds (live
+-- holds one entity may have), listed (conflicts a reply lists, covered entities a lease names), then (entity,
+-- via) pairs from PAIRS on. lease_json_tail is the lease's JSON without its closing brace; covers, token and
+-- expiry are added here. The pairs were expanded from the graph at graph_version ('*': there is no graph):
+-- when the graph has changed since, nothing is granted and the reply says `stale` (the caller expands again
+-- and retries). Expired leases are left to the reaper: a grant's work is bounded by its own pairs.
+
 local function acquire(keys, args)
   local now, agent, lease_id, mode, ttl = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5])
   if args[8] ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= args[8] then
     return cjson.encode({granted = false, stale = true})
   end
-  drop_expired(keys, now)
-  local conflicts = conflicts_of(keys, agent, mode, 9, args)
+  local room, items = tonumber(args[10]), items_of(args)
+  local found, conflicting, cut, full, counted = survey(keys, agent, mode, now, room, tonumber(args[9]), items)
   redis.call('ZADD', keys[6], now, agent)
-  if mode == 'exclusive' and #conflicts > 0 then
-    keep(keys)
-    return cjson.encode({granted = false, conflicts = conflicts})
+  local reply = {conflicts = found}
+  if cut then
+    reply.conflictsTruncated = true
+    reply.conflictingEntities = conflicting
   end
-  if redis.call('HLEN', keys[1]) >= tonumber(args[6]) then
+  if mode == 'exclusive' and conflicting > 0 then
+    keep(keys)
+    reply.granted = false
+    return cjson.encode(reply)
+  end
+  if redis.call('ZCOUNT', keys[3], '(' .. now, '+inf') >= tonumber(args[6]) then
     return redis.error_reply('FULL lease_limit ' .. args[6] .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
   end
-  local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
-  local expires, covered = now + ttl, {}
-  for i = 9, #args, 2 do
-    local entity, via = args[i], args[i + 1]
-    local holds = decode_list(redis.call('HGET', keys[2], entity))
-    table.insert(holds, {id = lease_id, agent = agent, mode = mode, via = via, exp = expires})
-    redis.call('HSET', keys[2], entity, cjson.encode(holds))
-    if mode == 'exclusive' then redis.call('HSET', keys[4], entity, token) end
-    table.insert(covered, {entity, via})
+  if full then
+    return redis.error_reply('FULL entity_holds ' .. full .. ' already has ' .. args[9] ..
+                             ' live leases (MEMENTO_LEASE_MAX_HOLDS)')
   end
-  redis.call('HSET', keys[1], lease_id, args[7] .. ',"covered":' .. cjson.encode(covered) .. ',"fencingToken":' ..
-             token .. ',"expiresAt":' .. expires .. '}')
-  redis.call('ZADD', keys[3], expires, lease_id)
-  redis.call('ZADD', keys[5], 0, agent .. '/' .. lease_id)
+  local expires = now + ttl
+  reply.fencingToken = grant(keys, args, items, counted, agent, lease_id, mode, expires, room)
+  reply.granted, reply.expiresAt = true, expires
   keep(keys)
-  return cjson.encode({granted = true, conflicts = conflicts, fencingToken = token, expiresAt = expires})
+  return cjson.encode(reply)
 end
 
 local function owned(keys, agent, lease_id, now)
@@ -123,22 +275,23 @@ local function owned(keys, agent, lease_id, now)
   if lease.agentId ~= agent then
     return nil, redis.error_reply('FORBIDDEN lease ' .. lease_id .. ' is held by another agent')
   end
-  return lease, nil
+  return raw, nil, lease
 end
 
 -- ARGV: now_ms, agent, lease_id, ttl_ms. The lease's holds and expiry move to now + ttl.
 local function renew(keys, args)
   local now, agent, lease_id = tonumber(args[1]), args[2], args[3]
-  local lease, err = owned(keys, agent, lease_id, now)
+  local raw, err, lease = owned(keys, agent, lease_id, now)
   if err then return err end
   local expires = now + tonumber(args[4])
-  lease.expiresAt = expires
-  redis.call('HSET', keys[1], lease_id, cjson.encode(lease))
+  -- The stored JSON ends with the expiry this Function wrote: replaced in place, nothing else re-encoded.
+  local renewed = string.gsub(raw, '"expiresAt":%d+}$', '"expiresAt":' .. expires .. '}')
+  redis.call('HSET', keys[1], lease_id, renewed)
   redis.call('ZADD', keys[3], expires, lease_id)
-  for _, pair in ipairs(lease.covered) do
-    local holds = decode_list(redis.call('HGET', keys[2], pair[1]))
-    for _, hold in ipairs(holds) do if hold.id == lease_id then hold.exp = expires end end
-    store_list(keys[2], pair[1], holds)
+  for _, pair in ipairs(decode_list(redis.call('HGET', keys[7], lease_id))) do
+    local key = hold_key(keys, lease.mode, pair[1])
+    redis.call('ZADD', key, 'XX', expires, hold_member(agent, lease_id, pair[2]))
+    redis.call('EXPIRE', key, KEEP)
   end
   redis.call('ZADD', keys[6], now, agent)
   keep(keys)
@@ -153,17 +306,64 @@ local function release(keys, args)
   return 1
 end
 
+-- Ends the leases of one agent not seen for the grace while `budget` lasts; true once it has none left.
+local function drop_agent(keys, agent, budget)
+  local spent, dropped = 0, 0
+  while spent < budget do
+    local members = redis.call('ZRANGEBYLEX', keys[5], '[' .. agent .. '/', '[' .. agent .. '/\255', 'LIMIT', 0, SCAN)
+    if #members == 0 then return spent, dropped, true end
+    for _, member in ipairs(members) do
+      if spent >= budget then break end
+      spent = spent + drop(keys, string.sub(member, #agent + 2))
+      dropped = dropped + 1
+    end
+  end
+  return spent, dropped, false
+end
+
 -- Ends expired leases and those of agents not seen for grace_ms (every acquire and renew marks its agent
--- seen, so each holder is in `alive`). ARGV: now_ms, grace_ms. Returns {expired, orphaned lease JSON...}.
+-- seen, so each holder is in `alive`), removing at most REAP_BUDGET holds. ARGV: now_ms, grace_ms. Returns
+-- {expired, orphaned, more}: more is 1 when the budget ran out first (the caller calls again).
 local function reap(keys, args)
   local now, grace = tonumber(args[1]), tonumber(args[2])
-  local out = {drop_expired(keys, now)}
-  for _, agent in ipairs(redis.call('ZRANGEBYSCORE', keys[6], '-inf', '(' .. (now - grace))) do
-    for _, member in ipairs(redis.call('ZRANGEBYLEX', keys[5], '[' .. agent .. '/', '[' .. agent .. '/\255')) do
-      local raw = drop(keys, string.sub(member, #agent + 2))
-      if raw then table.insert(out, raw) end
+  local expired, spent, more = drop_expired(keys, now, REAP_BUDGET)
+  local orphaned = 0
+  while not more do
+    local gone = redis.call('ZRANGEBYSCORE', keys[6], '-inf', '(' .. (now - grace), 'LIMIT', 0, SCAN)
+    if #gone == 0 then break end
+    for _, agent in ipairs(gone) do
+      if spent >= REAP_BUDGET then
+        more = true
+        break
+      end
+      local used, dropped, done = drop_agent(keys, agent, REAP_BUDGET - spent)
+      spent, orphaned = spent + used, orphaned + dropped
+      if done then redis.call('ZREM', keys[6], agent) else more = true end
     end
-    redis.call('ZREM', keys[6], agent)
+  end
+  return {expired, orphaned, more and 1 or 0}
+end
+
+-- KEYS = the lease keys; ARGV: now_ms, then entity ids. The live holds of each, as a flat list of
+-- (entityId, mode, holder, leaseId, via): exclusive ones first, then shared, each by latest end. Read only;
+-- an entity's zsets are read only when its counts say it has holds (most entities an emit names have none).
+local function holds(keys, args)
+  local out, from, entities = {}, '(' .. tonumber(args[1]), {}
+  for i = 2, #args do table.insert(entities, args[i]) end
+  local totals, exclusives = read_counts(keys[8], entities), read_counts(keys[9], entities)
+  for j, entity in ipairs(entities) do
+    for _, mode in ipairs({'exclusive', 'shared'}) do
+      local counted = exclusives[j]
+      if mode == 'shared' then counted = totals[j] - exclusives[j] end
+      local members = {}
+      if counted > 0 then
+        members = redis.call('ZRANGE', hold_key(keys, mode, entity), '+inf', from, 'BYSCORE', 'REV')
+      end
+      for _, member in ipairs(members) do
+        local holder, lease_id, via = string.match(member, '^([^/]*)/([^/]*)/(.*)$')
+        for _, item in ipairs({entity, mode, holder, lease_id, via}) do table.insert(out, item) end
+      end
+    end
   end
   return out
 end
@@ -295,3 +495,4 @@ local FUNCTIONS = {{'mc_acquire', acquire}, {'mc_renew', renew}, {'mc_release', 
                    {'mc_send', send}, {'mc_ack', ack}, {'mc_post', post}, {'mc_fence_sync', fence_sync},
                    {'mc_graph_changed', graph_changed}}
 for i = 1, #FUNCTIONS do redis.register_function(FUNCTIONS[i][1], FUNCTIONS[i][2]) end
+redis.register_function{function_name = 'mc_holds', callback = holds, flags = {'no-writes'}}

@@ -13,8 +13,10 @@ cache is MAX_AGE old: the lease reaper's loop reloads the caches used lately onc
 acquire waits for that reload (on a 10,000-entity graph FalkorDB takes 100 to 200 ms over the edges; their
 rows are read in compact form by `Graphs.rows`, not the falkordb package's per-cell Python parser, which
 blocked the event loop for as long again). A cache twice MAX_AGE old (no reaper) is reloaded by the acquire.
-A namespace with more than MAX_EDGES containment edges is not cached: its acquires read their own entities'
-contents (the per-acquire read, the same answer).
+The caches of all namespaces together hold at most MEMENTO_LEASE_COVERAGE_EDGES edges (namespaces are client
+input): loading one past it first forgets the least recently used others, and a namespace with more edges
+than that alone is not cached: its acquires read their own entities' contents (the per-acquire read, the
+same answer).
 """
 
 from __future__ import annotations
@@ -37,12 +39,10 @@ OPTIONAL MATCH (n)-[:DEFINES]->(s)
 OPTIONAL MATCH (m)-[:MEMBER_OF_CLUSTER]->(n)
 RETURN id, collect(DISTINCT s.id), collect(DISTINCT m.id)
 """
-MAX_COVERED = 4096  # entities one lease covers at most (its own and their contents); the rest is not leased
-MAX_EDGES = 200_000  # containment edges a namespace's cache holds at most (past it: a read per acquire)
-CONTAINS = f"""
-MATCH (n:CodebaseEntity)-[:DEFINES]->(s) RETURN n.id AS outer, s.id AS inner LIMIT {MAX_EDGES + 1}
+CONTAINS = """
+MATCH (n:CodebaseEntity)-[:DEFINES]->(s) RETURN n.id AS outer, s.id AS inner LIMIT {limit}
 UNION ALL
-MATCH (m)-[:MEMBER_OF_CLUSTER]->(n:CodebaseEntity) RETURN n.id AS outer, m.id AS inner LIMIT {MAX_EDGES + 1}
+MATCH (m)-[:MEMBER_OF_CLUSTER]->(n:CodebaseEntity) RETURN n.id AS outer, m.id AS inner LIMIT {limit}
 """
 MAX_AGE = 60.0  # seconds a cache serves before it is reloaded (writes that bypass the daemon)
 MAX_NAMESPACES = 1000  # namespaces cached at once (cleared past it: namespaces are client input)
@@ -57,15 +57,19 @@ class Contents:
     version: str
     inner: dict[str, list[str]] | None
     until: float  # reloaded from here on (by the reaper's loop; by an acquire only MAX_AGE later)
+    edges: int = 0  # what it counts against the daemon's MEMENTO_LEASE_COVERAGE_EDGES
 
 
 class Coverage:
     """Expands leased entities to what they contain, from a per-namespace cache checked at grant time."""
 
-    def __init__(self, graphs: Graphs | None, store: CoordStore) -> None:
+    def __init__(self, graphs: Graphs | None, store: CoordStore, max_edges: int, max_covered: int) -> None:
         self.graphs = graphs
         self.store = store
-        self._cache: dict[str, Contents] = {}
+        self.max_edges = max_edges  # every namespace's cache together
+        self.max_covered = max_covered  # pairs one expansion returns at most beyond this one (the caller refuses)
+        self._cache: dict[str, Contents] = {}  # least recently used first
+        self.edges = 0  # held by the caches now
         self._locks: dict[str, anyio.Lock] = {}
         self._used: set[str] = set()  # namespaces acquired in since their cache was last refreshed
 
@@ -74,13 +78,15 @@ class Coverage:
         (via the container). No call at all when the namespace's cache is fresh."""
         if self.graphs is None:
             return NO_GRAPH, [(entity, "") for entity in entity_ids]
-        contents = self._cache.get(namespace)
+        contents = self._cache.pop(namespace, None)
+        if contents is not None:
+            self._cache[namespace] = contents  # now the most recently used
         if contents is None or contents.until + MAX_AGE <= time.monotonic():
             contents = await self.reload(namespace, None)
         self._used.add(namespace)
         if contents.inner is None:
             return contents.version, await self.read(namespace, entity_ids)
-        return contents.version, expand(entity_ids, contents.inner)
+        return contents.version, expand(entity_ids, contents.inner, self.max_covered)
 
     async def reload(self, namespace: str, stale: str | None) -> Contents:
         """Load the namespace's containment at its current version (once, however many acquires wait for it);
@@ -91,13 +97,25 @@ class Coverage:
             if current is not None and current.version != stale and current.until > time.monotonic():
                 return current
             version = await self.store.command("HGET", keys.lease_keys(namespace).fence, GRAPH_FIELD) or ""
-            contents = Contents(str(version), await self._load(namespace), time.monotonic() + MAX_AGE)
+            inner, edges = await self._load(namespace)
+            contents = Contents(str(version), inner, time.monotonic() + MAX_AGE, edges)
+            self._forget(namespace)
             if len(self._cache) >= MAX_NAMESPACES:
                 self._cache.clear()
                 self._used.clear()
                 self._locks = {namespace: lock}
+                self.edges = 0
+            while self._cache and self.edges + edges > self.max_edges:  # the least recently used go first
+                self._forget(next(iter(self._cache)))
             self._cache[namespace] = contents
+            self.edges += edges
             return contents
+
+    def _forget(self, namespace: str) -> None:
+        contents = self._cache.pop(namespace, None)
+        if contents is not None:
+            self.edges -= contents.edges
+            self._used.discard(namespace)
 
     async def refresh(self) -> None:
         """Reload each cache that is MAX_AGE old and was used since it was loaded; drop the unused ones."""
@@ -109,24 +127,28 @@ class Coverage:
                 self._used.discard(namespace)
                 await self.reload(namespace, None)
             else:
-                self._cache.pop(namespace, None)
+                self._forget(namespace)
 
-    async def _load(self, namespace: str) -> dict[str, list[str]] | None:
+    async def _load(self, namespace: str) -> tuple[dict[str, list[str]] | None, int]:
+        """The namespace's containment and its edge count; None (counting 0) when it has more edges than
+        every cache together may hold."""
         assert self.graphs is not None
-        rows = await self.graphs.rows(namespace, CONTAINS, {})  # none without a graph
-        if len(rows) > MAX_EDGES:
-            return None
+        rows = await self.graphs.rows(namespace, CONTAINS.format(limit=self.max_edges + 1), {})  # none: no graph
+        if len(rows) > self.max_edges:
+            return None, 0
         inner: dict[str, list[str]] = {}
         for outer, contained in rows:
             if contained is not None:
                 inner.setdefault(str(outer), []).append(str(contained))
-        return inner
+        return inner, len(rows)
 
     async def read(self, namespace: str, entity_ids: Sequence[str]) -> Pairs:
         """The entities' contents read from the graph now (no cache)."""
         assert self.graphs is not None
         graph = await self.graphs.existing(namespace)
-        return await read_covered(graph, entity_ids) if graph else [(entity, "") for entity in entity_ids]
+        if graph is None:
+            return [(entity, "") for entity in entity_ids]
+        return await read_covered(graph, entity_ids, self.max_covered)
 
     async def changed(self, namespace: str) -> None:
         """The namespace's graph was written: a new version, so every daemon's grants refuse their cache."""
@@ -136,23 +158,25 @@ class Coverage:
 GRAPH_FIELD = "\x01graph"  # the fence hash's field holding the graph version (entity ids hold no control chars)
 
 
-def expand(entity_ids: Sequence[str], inner: dict[str, list[str]]) -> Pairs:
-    """Each entity (via ''), then what each contains (via it), the first container winning, capped."""
+def expand(entity_ids: Sequence[str], inner: dict[str, list[str]], cap: int) -> Pairs:
+    """Each entity (via ''), then what each contains (via it), the first container winning; it stops past
+    `cap` pairs (one more than the cap says the lease would cover too much)."""
     pairs: dict[str, str] = {entity: "" for entity in entity_ids}
     for container in entity_ids:
         for contained in inner.get(container, ()):
-            if len(pairs) >= MAX_COVERED:
+            if len(pairs) > cap:
                 return list(pairs.items())
             pairs.setdefault(contained, container)
     return list(pairs.items())
 
 
-async def read_covered(graph: Graph, entity_ids: Sequence[str]) -> Pairs:
-    """The per-acquire Cypher read: each entity, then what it DEFINES and its cluster members, via it."""
+async def read_covered(graph: Graph, entity_ids: Sequence[str], cap: int) -> Pairs:
+    """The per-acquire Cypher read: each entity, then what it DEFINES and its cluster members, via it; like
+    `expand`, it stops past `cap` pairs."""
     pairs: dict[str, str] = {entity: "" for entity in entity_ids}
     result = await graph.ro_query(COVERED, {"ids": list(entity_ids)})
     for container, symbols, members in result.result_set:
         for inner in (*symbols, *members):
-            if inner is not None and len(pairs) < MAX_COVERED:
+            if inner is not None and len(pairs) <= cap:
                 pairs.setdefault(str(inner), str(container))
     return list(pairs.items())

@@ -16,7 +16,7 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
-from memento_sessions.coordination.coverage import NO_GRAPH, Coverage
+from memento_sessions.coordination.coverage import NO_GRAPH, Coverage, Pairs
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import BackendUnavailable, Conflict
 from memento_sessions.kg.graph import Graphs
@@ -24,6 +24,7 @@ from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
 from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS
 from memento_sessions.sessions.manager import iso, now_ms
+from memento_sessions.sessions.paging import Page, page_bytes
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
@@ -32,27 +33,29 @@ REAP_EVERY = 1.0  # seconds between two reaper passes of one daemon (each pass i
 OUTAGES: tuple[type[BaseException], ...] = (*UNAVAILABLE, BackendUnavailable)  # Redis or FalkorDB away
 GRANTED, REFUSED = LEASE_ACQUIRES.labels("granted"), LEASE_ACQUIRES.labels("refused")  # bound once, not per call
 STALE_RETRIES = 2  # grants refused for a changed graph before an acquire reads its own entities' contents
+LIST_CHUNK = 100  # leases read per HMGET while filling a lease.list page
+HOLDS_CHUNK = 256  # entities whose holds one read-only call returns
+TRUNCATION = ("conflictsTruncated", "conflictingEntities")  # an acquire reply's fields when conflicts were left out
 
 
-def lease_view(raw: str) -> Result:
-    """A stored lease as clients see it: `covers` lists what it holds through the graph."""
-    lease = pydantic_core.from_json(raw)
-    lease["covers"] = [entity for entity, via in lease.pop("covered") if via]
+def lease_view(raw: str, now: int) -> Result | None:
+    """A stored lease as clients see it (None once it has ended): `covers` names what it holds through the
+    graph, at most MEMENTO_LEASE_REPLY_MAX of them, and `coversOmitted` how many more when there are more."""
+    lease: Result = dict(pydantic_core.from_json(raw))
+    if lease["expiresAt"] <= now:
+        return None
     lease["expiresAt"] = iso(lease["expiresAt"])
-    return dict(lease)
+    if not lease.get("coversOmitted"):
+        lease.pop("coversOmitted", None)
+    return lease
 
 
-def conflicts_of(raw_holds: Sequence[str | None], entity_ids: Sequence[str], agent: str, now: int) -> list[Result]:
-    """The live holds of other agents on `entity_ids` (one HMGET of the holds hash), as conflicts."""
-    found: list[Result] = []
-    for entity, raw in zip(entity_ids, raw_holds, strict=True):
-        for hold in pydantic_core.from_json(raw) if raw else ():
-            if hold["agent"] != agent and hold["exp"] > now:
-                conflict = {"entityId": entity, "heldBy": hold["agent"], "leaseId": hold["id"], "mode": hold["mode"]}
-                if hold["via"]:
-                    conflict["via"] = hold["via"]
-                found.append(conflict)
-    return found
+def hold_of(entity: str, mode: str, holder: str, lease_id: str, via: str) -> Result:
+    """One live hold as replies show it: `{entityId, heldBy, leaseId, mode, via?}`."""
+    item = {"entityId": str(entity), "heldBy": str(holder), "leaseId": str(lease_id), "mode": str(mode)}
+    if via:
+        item["via"] = str(via)
+    return item
 
 
 class Leases:
@@ -60,7 +63,7 @@ class Leases:
 
     def __init__(self, store: CoordStore, graphs: Graphs | None, settings: Settings) -> None:
         self.store = store
-        self.coverage = Coverage(graphs, store)
+        self.coverage = Coverage(graphs, store, settings.lease_coverage_edges, settings.lease_max_covered)
         self.settings = settings
         self._indexed: set[str] = set()  # namespaces this daemon has added to the reaper's set
 
@@ -71,35 +74,61 @@ class Leases:
         tail = pydantic_core.to_json({"leaseId": lease_id, "agentId": who.agent_id, "mode": mode,
                                       "entityIds": list(entity_ids), "sessionId": session_id, "reason": reason,
                                       "acquiredAt": iso(now)}).decode()[:-1]
-        version, pairs = await self.coverage.covered(who.namespace, entity_ids)
+        version, pairs = await self._covered(who.namespace, entity_ids)
         for attempt in range(STALE_RETRIES + 1):
             reply = await self._grant(who, lease_id, mode, ttl, tail, version, pairs)
             if not reply.get("stale"):
                 break
             if attempt < STALE_RETRIES:  # the graph changed since the cache was loaded: load it again
                 await self.coverage.reload(who.namespace, version)
-                version, pairs = await self.coverage.covered(who.namespace, entity_ids)
+                version, pairs = await self._covered(who.namespace, entity_ids)
             else:  # it keeps changing (a bulk load): this grant reads its own entities' contents
-                version, pairs = NO_GRAPH, await self.coverage.read(who.namespace, entity_ids)
+                version, pairs = NO_GRAPH, self._bounded(await self.coverage.read(who.namespace, entity_ids))
         if who.namespace not in self._indexed:  # once per namespace and process; the reaper keeps the set's TTL
             await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
             self._indexed.add(who.namespace)
-        conflicts = reply["conflicts"] if isinstance(reply.get("conflicts"), list) else []
         (GRANTED if reply["granted"] else REFUSED).inc()
+        return self._reply(reply, lease_id, pairs)
+
+    async def _covered(self, namespace: str, entity_ids: Sequence[str]) -> tuple[str, Pairs]:
+        version, pairs = await self.coverage.covered(namespace, entity_ids)
+        return version, self._bounded(pairs)
+
+    def _bounded(self, pairs: Pairs) -> Pairs:
+        """The pairs, or -32009 `lease_too_large` when they are more than one lease may cover."""
+        cap = self.settings.lease_max_covered
+        if len(pairs) > cap:
+            LEASE_ACQUIRES.labels("lease_too_large").inc()
+            raise Conflict(f"lease too large: the entities and what they contain are more than {cap} "
+                           "(MEMENTO_LEASE_MAX_COVERED); lease fewer at a time",
+                           {"reason": "lease_too_large", "field": "entityIds", "max": cap})
+        return pairs
+
+    def _reply(self, reply: Result, lease_id: str, pairs: Pairs) -> Result:
+        """The client's reply: at most MEMENTO_LEASE_REPLY_MAX conflicts and covered entities listed, and
+        how many were left out."""
+        conflicts = reply["conflicts"] if isinstance(reply.get("conflicts"), list) else []
+        cut: Result = {key: reply[key] for key in TRUNCATION if key in reply}
         if not reply["granted"]:
-            return {"leaseId": None, "granted": False, "conflicts": conflicts, "fencingToken": None, "expiresAt": None}
-        return {"leaseId": lease_id, "granted": True, "conflicts": conflicts, "fencingToken": reply["fencingToken"],
-                "expiresAt": iso(reply["expiresAt"]), "covers": [entity for entity, via in pairs if via]}
+            return {"leaseId": None, "granted": False, "conflicts": conflicts, **cut, "fencingToken": None,
+                    "expiresAt": None}
+        covers, room = [entity for entity, via in pairs if via], self.settings.lease_reply_max
+        result = {"leaseId": lease_id, "granted": True, "conflicts": conflicts, **cut,
+                  "fencingToken": reply["fencingToken"], "expiresAt": iso(reply["expiresAt"]), "covers": covers[:room]}
+        if len(covers) > room:
+            result["coversOmitted"] = len(covers) - room
+        return result
 
     async def _grant(self, who: Identity, lease_id: str, mode: str, ttl: int, tail: str, version: str,
-                     pairs: list[tuple[str, str]]) -> Result:
+                     pairs: Pairs) -> Result:
         """The one Function call of an acquire: `{granted, conflicts, ...}` or `{stale: true}`."""
         flat = [item for pair in pairs for item in pair]
         try:
             raw = await self.store.call("mc_acquire", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
-                                        lease_id, mode, ttl * 1000, self.settings.lease_max, tail, version, *flat)
-        except Conflict:
-            LEASE_ACQUIRES.labels("lease_limit").inc()
+                                        lease_id, mode, ttl * 1000, self.settings.lease_max, tail, version,
+                                        self.settings.lease_max_holds, self.settings.lease_reply_max, *flat)
+        except Conflict as exc:
+            LEASE_ACQUIRES.labels(exc.data["reason"] if isinstance(exc.data, dict) else "lease_limit").inc()
             raise
         return dict(pydantic_core.from_json(raw))
 
@@ -116,31 +145,43 @@ class Leases:
         return {"leaseId": lease_id, "released": True}
 
     async def listed(self, namespace: str, entity_id: str | None = None, agent_id: str | None = None,
-                   cursor: str | None = None, limit: int = 100) -> Result:
-        """A page of the live leases, by leaseId, filtered by entity (what covers it) or agent."""
+                     cursor: str | None = None, limit: int = 100) -> Result:
+        """A page of the live leases, by leaseId, filtered by entity (what covers it) or agent; it stops at
+        `limit` leases or a quarter of the send buffer, whichever comes first (then `nextCursor`)."""
         lkeys, now = keys.lease_keys(namespace), now_ms()
-        ids = await self._candidates(lkeys, entity_id, agent_id)
-        ids = sorted(i for i in ids if cursor is None or i > cursor)
-        raws = await self.store.command("HMGET", lkeys.leases, *ids[:limit + 1]) if ids else []
-        leases = [lease_view(raw) for raw in raws if raw and pydantic_core.from_json(raw)["expiresAt"] > now]
-        result: Result = {"leases": leases[:limit]}
-        if len(ids) > limit:
-            result["nextCursor"] = ids[limit - 1]
+        ids = sorted(i for i in await self._candidates(namespace, entity_id, agent_id) if cursor is None or i > cursor)
+        page = Page(limit, page_bytes(self.settings.ws_send_buffer))
+        for start in range(0, len(ids), LIST_CHUNK):  # a chunk at a time: never every lease read at once
+            raws = await self.store.command("HMGET", lkeys.leases, *ids[start:start + LIST_CHUNK])
+            views = (lease_view(raw, now) for raw in raws if raw)
+            if not all(page.add(view) for view in views if view is not None):
+                break
+        result: Result = {"leases": page.items}
+        if page.more:
+            result["nextCursor"] = page.items[-1]["leaseId"]
         return result
 
-    async def _candidates(self, lkeys: keys.LeaseKeys, entity_id: str | None, agent_id: str | None) -> list[str]:
+    async def _candidates(self, namespace: str, entity_id: str | None, agent_id: str | None) -> list[str]:
+        lkeys = keys.lease_keys(namespace)
         if entity_id is not None:
-            raw = await self.store.command("HGET", lkeys.holds, entity_id)
-            return [hold["id"] for hold in pydantic_core.from_json(raw)] if raw else []
+            return [hold["leaseId"] for hold in await self.holds(namespace, [entity_id])]
         if agent_id is not None:
             members = await self.store.command("ZRANGEBYLEX", lkeys.byagent, f"[{agent_id}/", f"[{agent_id}/\xff")
             return [str(member).partition("/")[2] for member in members]
         return [str(i) for i in await self.store.command("HKEYS", lkeys.leases)]
 
+    async def holds(self, namespace: str, entity_ids: Sequence[str]) -> list[Result]:
+        """The live holds on `entity_ids` (directly or through what a lease contains), each entity's exclusive
+        ones first; at most MEMENTO_LEASE_MAX_HOLDS per entity. One read-only Function call per HOLDS_CHUNK."""
+        lkeys, now, found = keys.lease_keys(namespace).all(), now_ms(), []
+        for start in range(0, len(entity_ids), HOLDS_CHUNK):
+            flat = await self.store.call("mc_holds", lkeys, now, *entity_ids[start:start + HOLDS_CHUNK])
+            found += [hold_of(*flat[i:i + 5]) for i in range(0, len(flat), 5)]
+        return found
+
     async def conflicts(self, namespace: str, agent: str, entity_ids: Sequence[str]) -> list[Result]:
         """Other agents' live leases on `entity_ids` (directly or through what their leases contain)."""
-        raws = await self.store.command("HMGET", keys.lease_keys(namespace).holds, *entity_ids)
-        return conflicts_of(raws, entity_ids, agent, now_ms())
+        return [hold for hold in await self.holds(namespace, entity_ids) if hold["heldBy"] != agent]
 
     async def fences(self, namespace: str, entity_ids: Sequence[str]) -> list[tuple[str, int]]:
         """The newest exclusive grant's fencing token of each entity that has one."""
@@ -164,12 +205,18 @@ class Leases:
             await one_pass(partial(self._reap_namespace, str(namespace), grace_ms), "lease reaper", OUTAGES)
 
     async def _reap_namespace(self, namespace: str, grace_ms: int) -> None:
-        out = await self.store.call("mc_reap", keys.lease_keys(namespace).all(), now_ms(), grace_ms)
-        if int(out[0]):
-            LEASE_ENDS.labels("expired").inc(int(out[0]))
-        if len(out) > 1:
-            LEASE_ENDS.labels("orphaned").inc(len(out) - 1)
-            log.info("orphaned leases released", namespace=namespace, count=len(out) - 1)
+        """One call per bounded slice of the work (each removes a bounded number of holds), until none is left:
+        other clients' commands run between two slices."""
+        more = True
+        while more:
+            expired, orphaned, left = await self.store.call("mc_reap", keys.lease_keys(namespace).all(), now_ms(),
+                                                            grace_ms)
+            if int(expired):
+                LEASE_ENDS.labels("expired").inc(int(expired))
+            if int(orphaned):
+                LEASE_ENDS.labels("orphaned").inc(int(orphaned))
+                log.info("orphaned leases released", namespace=namespace, count=int(orphaned))
+            more = bool(int(left))
 
     async def reaper(self) -> None:
         """Run reap_once and refresh the coverage caches forever; an outage only delays them, and a pass that

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import anyio
 from anyio.abc import TaskStatus
 
-from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import Alerts
 from memento_sessions.coordination.leases import Leases
@@ -19,7 +15,7 @@ from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Call, Result
-from memento_sessions.sessions.manager import SessionManager, now_ms
+from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
@@ -87,8 +83,7 @@ class Coordination:
         entities = sorted(handoff_entities(handoff))
         if not entities:
             return {"leases": [], "openConflicts": []}
-        raws = await self.store.command("HMGET", keys.lease_keys(namespace).holds, *entities)
-        leases = live_holds(entities, raws, now_ms())
+        leases = await self.leases.holds(namespace, entities)
         agents = set(handoff.get("agentIds") or ())
         return {"leases": leases, "openConflicts": [lease for lease in leases if lease["heldBy"] not in agents]}
 
@@ -99,18 +94,3 @@ def handoff_entities(handoff: Result) -> set[str]:
     for change in handoff.get("recentChanges") or ():
         found.update((change.get("changeInfo") or {}).get("entityIds") or ())
     return found
-
-
-def live_holds(entities: Sequence[str], raws: Sequence[str | None], now: int) -> list[dict[str, Any]]:
-    """Each live hold as `{entityId, heldBy, leaseId, mode, via?}`."""
-    import pydantic_core
-
-    out: list[dict[str, Any]] = []
-    for entity, raw in zip(entities, raws, strict=True):
-        for hold in pydantic_core.from_json(raw) if raw else ():
-            if hold["exp"] > now:
-                item = {"entityId": entity, "heldBy": hold["agent"], "leaseId": hold["id"], "mode": hold["mode"]}
-                if hold["via"]:
-                    item["via"] = hold["via"]
-                out.append(item)
-    return out

@@ -608,10 +608,11 @@ function onPresence(p) {
 }
 
 async function allLeases() {
-  // lease.list pages by nextCursor; a namespace holds at most MEMENTO_LEASE_MAX (10,000) live leases.
+  // lease.list pages by nextCursor, each cut by count and by size (a page stays under a quarter of the send
+  // buffer), so a page may hold fewer than asked; a namespace holds at most MEMENTO_LEASE_MAX (10,000) live leases.
   const leases = [];
   let cursor = null;
-  for (let page = 0; page < 10; page++) {
+  for (let page = 0; page < 500 && leases.length < 10000; page++) {
     const r = await app.rpc.call("lease.list", cursor ? { limit: 1000, cursor } : { limit: 1000 });
     leases.push(...(r.leases || []));
     cursor = r.nextCursor;

@@ -1,8 +1,9 @@
 """memento-sessions benchmark: every hot path beside the raw floor, measured in one run.
 
-Starts the embedded redis-server (with FalkorDB) and Postgres in a temporary directory and a
-daemon process on them, then measures each figure and the bare redis-py call of the same Redis
-work (the floor) side by side, and prints a table and one JSON line.
+Starts the daemon's embedded default in a temporary directory (a redis-server for the sessions, a
+second one with FalkorDB for the graphs, and Postgres) and a daemon process on them, then measures
+each figure and the bare redis-py call of the same backend work, on the same server (the floor), side
+by side, and prints a table and one JSON line.
 
     .venv/bin/python scripts/bench.py            # full run (a few minutes)
     .venv/bin/python scripts/bench.py --quick    # under a minute

@@ -10,7 +10,6 @@ from bench import cypher
 from bench.harness import Env, Figure, Samples, Target, latency_extra, pct, stored_events, timed, ws
 from bench.watch import quiet
 from memento_sessions import keys
-from memento_sessions.backends import open_backends
 from memento_sessions.bridge.queries import HANDOFF_CONTEXT, TRANSITION_CONTEXT
 from memento_sessions.bridge.timeline import breakages, touched
 from memento_sessions.kg.fixture import generate
@@ -18,7 +17,6 @@ from memento_sessions.kg.graph import Graphs
 from memento_sessions.kg.loader import parse_lines, upsert
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
-from memento_sessions.settings import load_settings
 
 WORKING_SET = 200
 SHAPE = "(10k-entity graph, 1k events)"
@@ -28,8 +26,7 @@ async def load_fixture(env: Env, entities: int) -> tuple[list[str], str]:
     """Load the generated codebase graph into the bench namespace; its entity ids and the graph's name."""
     records = list(generate(entities))
     nodes, edges = parse_lines(json.dumps(r) for r in records)
-    settings = load_settings(redis_url=env.redis_url, postgres_dsn=env.postgres_dsn, auth_secret="x" * 32)
-    async with open_backends(settings, env.redis_url, env.postgres_dsn) as backends:
+    async with env.backends() as backends:
         graph = await Graphs(backends).get(env.namespace)
         await upsert(graph, nodes, edges)
     return [n.id for n in nodes if n.labels == ["CodebaseEntity"]], graph.name
@@ -101,13 +98,13 @@ async def bridge_floors(env: Env, graph_name: str, sid: str, count: int,
     async def handoff(_: int) -> None:
         await env.redis.hgetall(skeys.session)
         await env.redis.zrevrangebyscore(skeys.events, "+inf", "-inf", start=0, num=10)
-        await env.redis.execute_command(  # type: ignore[no-untyped-call]
+        await env.falkordb.execute_command(  # type: ignore[no-untyped-call]
             "GRAPH.RO_QUERY", graph_name, cypher.query(HANDOFF_CONTEXT, {"ids": recent_ids}), "--compact")
 
     async def transitions(since: int) -> None:
         await env.redis.hgetall(skeys.session)
         await env.redis.zrangebyscore(skeys.events, f"({since}", "+inf")
-        await env.redis.execute_command(  # type: ignore[no-untyped-call]
+        await env.falkordb.execute_command(  # type: ignore[no-untyped-call]
             "GRAPH.RO_QUERY", graph_name, cypher.query(TRANSITION_CONTEXT, {"ids": window_ids}), "--compact")
 
     return (await timed(count, handoff), await timed(count, lambda _: transitions(last_seq)),

@@ -11,7 +11,6 @@ from bench import cypher
 from bench.harness import Env, Figure, Samples, Target, latency_extra, pct, stored_events, timed
 from bench.watch import quiet
 from memento_sessions import keys
-from memento_sessions.backends import open_backends
 from memento_sessions.checkpoints.aggregate import aggregate
 from memento_sessions.checkpoints.anchors import WRITE_ANCHOR, anchor_props
 from memento_sessions.checkpoints.checkpointer import Checkpointer
@@ -19,7 +18,6 @@ from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.sessions.manager import SessionManager, now_ms
 from memento_sessions.sessions.models import EventIn
-from memento_sessions.settings import load_settings
 
 
 def window(i: int) -> list[EventIn]:
@@ -33,9 +31,8 @@ def window(i: int) -> list[EventIn]:
 async def measure(env: Env) -> Figure:
     """In-process Checkpointer.checkpoint of a 10-event, 10-entity, broken window (anchors + snapshot)."""
     count = 60 if env.quick else 300
-    settings = load_settings(redis_url=env.redis_url, postgres_dsn=env.postgres_dsn, auth_secret="x" * 32,
-                             checkpoint_every=100_000)
-    async with open_backends(settings, env.redis_url, env.postgres_dsn) as backends:
+    settings = env.settings(checkpoint_every=100_000)
+    async with env.backends(settings) as backends:
         manager = env.manager()
         graphs = Graphs(backends)
         checkpointer = Checkpointer(settings, backends, manager, graphs, Snapshots(backends.postgres))
@@ -66,7 +63,7 @@ async def checkpoint_floor(env: Env, graphs: Graphs, sids: list[str]) -> Samples
         skeys = keys.session_keys(env.namespace, sids[i])
         events = await stored_events(env, sids[i])
         summary = aggregate(events, "broken")
-        await env.redis.execute_command(  # type: ignore[no-untyped-call]
+        await env.falkordb.execute_command(  # type: ignore[no-untyped-call]
             "GRAPH.QUERY", graph.name, cypher.query(WRITE_ANCHOR, {
                 "checkpointId": f"floor-{sids[i]}", "entityIds": list(summary.entity_ids), "cap": 5,
                 "props": anchor_props(sids[i], summary, datetime.now(UTC), None)}), "--compact")

@@ -28,14 +28,12 @@ from bench.harness import PAYLOAD, Env, Figure, Target, concurrently, latency_ex
 from bench.receivers import LeanCaller, masked_frame, upgraded
 from bench.watch import quiet
 from memento_sessions import keys
-from memento_sessions.backends import open_backends
 from memento_sessions.coordination.coverage import GRAPH_FIELD
 from memento_sessions.kg.fixture import generate
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.kg.loader import parse_lines, upsert
 from memento_sessions.redisio.pipe import Pipe
 from memento_sessions.sessions.manager import now_ms
-from memento_sessions.settings import load_settings
 
 SENDERS = 16
 DEFINERS = "MATCH (f:CodebaseEntity)-[:DEFINES]->(s) RETURN f.id, collect(s.id) ORDER BY f.id LIMIT $limit"
@@ -101,12 +99,12 @@ async def _bare_acquires(env: Env, run: str, files: list[tuple[str, list[str]]])
     for i, (file, symbols) in enumerate(files):
         tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
         pairs = [item for symbol in symbols for item in (symbol, file)]
-        calls.append([f"floor-{run}", f"floor-{run}-{i}", "exclusive", 60_000, 10_000_000, tail, version, file,
-                      "", *pairs])
+        calls.append([f"floor-{run}", f"floor-{run}-{i}", "exclusive", 60_000, 10_000_000, tail, version, 100, 256,
+                      file, "", *pairs])
     pipe = Pipe(env.redis_url, 0)
     try:
-        samples = await timed(len(calls), lambda i: pipe.call("FCALL", "mc_acquire", 6, *lkeys, now_ms(), *calls[i]),
-                              remote=True)
+        samples = await timed(len(calls), lambda i: pipe.call("FCALL", "mc_acquire", len(lkeys), *lkeys, now_ms(),
+                                                              *calls[i]), remote=True)
     finally:
         pipe.close()
     return samples
@@ -117,8 +115,7 @@ async def defining_files(env: Env, count: int) -> list[tuple[str, list[str]]]:
     is loaded first when the graph has too few: none yet, or only the checkpoint section's entities; the
     bridge section loads it too), then a new graph version, as a write through the daemon makes, so its
     coverage cache is current."""
-    settings = load_settings(redis_url=env.redis_url, postgres_dsn=env.postgres_dsn, auth_secret="x" * 32)
-    async with open_backends(settings, env.redis_url, env.postgres_dsn) as backends:
+    async with env.backends() as backends:
         graph = await Graphs(backends).get(env.namespace)
         rows = (await graph.ro_query(DEFINERS, {"limit": count})).result_set
         if len(rows) < count:

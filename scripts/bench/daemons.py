@@ -36,10 +36,12 @@ class Daemon:
 
 
 @asynccontextmanager
-async def daemon(redis_url: str, postgres_dsn: str, data: Path) -> AsyncIterator[Daemon]:
-    """A daemon process on the servers, its data in `data`/daemon; stopped on exit."""
+async def daemon(redis_url: str, postgres_dsn: str, data: Path, *, falkordb_url: str) -> AsyncIterator[Daemon]:
+    """A daemon process on the servers (the sessions' Redis, the graphs' own redis-server, Postgres), its data
+    in `data`/daemon; stopped on exit."""
     port = free_port()
-    env = {**os.environ, "MEMENTO_REDIS_URL": redis_url, "MEMENTO_POSTGRES_DSN": postgres_dsn,
+    env = {**os.environ, "MEMENTO_REDIS_URL": redis_url, "MEMENTO_FALKORDB_URL": falkordb_url,
+           "MEMENTO_POSTGRES_DSN": postgres_dsn,
            "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_PORT": str(port), "MEMENTO_DATA_DIR": str(data / "daemon"),
            "MEMENTO_LOG_LEVEL": "warning", "MEMENTO_CHECKPOINT_EVERY": "100000",
            "MEMENTO_MAX_CONNECTIONS": str(MAX_CONNECTIONS)}

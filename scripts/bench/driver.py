@@ -7,6 +7,8 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import anyio
@@ -16,7 +18,7 @@ from bench import peers
 from bench.daemons import daemon, raise_fd_limit
 from bench.harness import Env, Figure
 from bench.sections import SECTIONS, Section
-from bench.watch import STALL_MS, daemon_gc, delayed_fsyncs, gc_note, quiet, redis_stalls, steal_ms
+from bench.watch import daemon_gc, delayed_fsyncs, gc_note, quiet, redis_stalls, steal_ms, watch_stalls
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.logs import configure_logging
@@ -42,29 +44,36 @@ async def run(args: argparse.Namespace) -> None:
     configure_logging("console", "warning")
     raise_fd_limit()  # before the daemon starts: it inherits the limit (the scale sections open 10,000 sockets)
     python = peers.peers_venv() if args.peers else None  # before the servers: the install is not timed
-    with tempfile.TemporaryDirectory(prefix="memento-bench-") as tmp:
-        data = Path(tmp)
-        redis_server, postgres = EmbeddedRedis(data / "redis"), EmbeddedPostgres(data / "postgres")
-        redis_server.start()
-        postgres.start()
-        try:
-            async with daemon(redis_server.url, postgres.url, data) as running:
-                client = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
-                env = Env(redis_server.url, postgres.url, running.port, client, args.quick, daemon_pid=running.pid,
-                          redis_tcp_url=redis_server.tcp_url)
-                figures = await measure(env, args.only)
-                if python:
-                    figures += await peers.measure(env, python, figures)
-                await client.aclose()
-        finally:
-            redis_server.stop()
-            postgres.stop()
+    with tempfile.TemporaryDirectory(prefix="memento-bench-") as tmp, servers(Path(tmp)) as started:
+        sessions, graphs, postgres = started
+        async with daemon(sessions.url, postgres.url, Path(tmp), falkordb_url=graphs.url) as running:
+            client = aioredis.Redis.from_url(sessions.url, decode_responses=True)
+            graph_client = aioredis.Redis.from_url(graphs.url, decode_responses=True)
+            env = Env(sessions.url, graphs.url, postgres.url, running.port, client, graph_client, args.quick,
+                      daemon_pid=running.pid, redis_tcp_url=sessions.tcp_url)
+            figures = await measure(env, args.only)
+            if python:
+                figures += await peers.measure(env, python, figures)
+            await client.aclose()
+            await graph_client.aclose()
     show(figures)
+
+
+@contextmanager
+def servers(data: Path) -> Iterator[tuple[EmbeddedRedis, EmbeddedRedis, EmbeddedPostgres]]:
+    """The daemon's embedded default, started under `data`: the sessions' Redis without FalkorDB, a
+    redis-server with FalkorDB for the graphs, and Postgres; each stopped on exit."""
+    sessions, graphs = EmbeddedRedis(data / "redis", falkordb=False), EmbeddedRedis(data / "falkordb", name="falkordb")
+    postgres = EmbeddedPostgres(data / "postgres")
+    with ExitStack() as started:
+        for server in (sessions, graphs, postgres):
+            server.start()
+            started.callback(server.stop)
+        yield sessions, graphs, postgres
 
 
 async def measure(env: Env, only: list[str] | None) -> list[Figure]:
     """Every chosen section in registry order, each on a quiet server, its figures judged."""
-    await env.redis.config_set("latency-monitor-threshold", STALL_MS)
     figures: list[Figure] = []
     for name, section in SECTIONS.items():
         if not only or name in only:
@@ -78,13 +87,13 @@ async def timed_section(env: Env, name: str, section: Section) -> list[Figure]:
     settle_gc()  # as the daemon does after start-up: in-process sections run with the same GC settings
     await quiet(env)
     before, delayed, stolen = await daemon_gc(env), await delayed_fsyncs(env), steal_ms()
-    await env.redis.execute_command("LATENCY", "RESET")  # type: ignore[no-untyped-call]
+    await watch_stalls(env)
     started = time.perf_counter()
     result = await section(env)
     took, stolen = time.perf_counter() - started, steal_ms() - stolen
     print(f"bench: {name}: {took:.1f} s; vCPU time the host took (steal): {stolen:.0f} ms; "
           f"the daemon's GC pauses: {gc_note(before, await daemon_gc(env))}; "
-          f"{await redis_stalls(env, await delayed_fsyncs(env) - delayed)}", file=sys.stderr, flush=True)
+          f"{await redis_stalls(env, delayed)}", file=sys.stderr, flush=True)
     figures = result if isinstance(result, list) else [result]
     for figure in figures:
         figure.extra["section_steal_ms"] = stolen  # the host's share of this figure's time

@@ -7,7 +7,7 @@ import json
 import statistics
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +17,11 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity, issue_token
+from memento_sessions.backends import Backends, open_backends
 from memento_sessions.redisio.pipe import Pipe
 from memento_sessions.sessions.manager import SessionManager, event_body, iso, now_ms
 from memento_sessions.sessions.models import EventIn
-from memento_sessions.settings import load_settings
+from memento_sessions.settings import Settings, load_settings
 
 SECRET = "bench-secret-0123456789-0123456789-abcdef"
 PAYLOAD: dict[str, Any] = {
@@ -108,12 +109,19 @@ class Figure:
 
 @dataclass
 class Env:
-    """What every measurement needs: the backends, the daemon's port and pid, a Redis client."""
+    """What every measurement needs: the servers, the daemon's port and pid, a client of each redis-server.
+
+    The servers are laid out as the daemon's embedded default: the sessions' Redis (`redis`) without
+    FalkorDB, and a redis-server with FalkorDB of its own for the graphs (`falkordb`, the daemon's
+    MEMENTO_FALKORDB_URL). A floor sends its GRAPH.* commands to `falkordb`, where the daemon sends its own.
+    """
 
     redis_url: str
+    falkordb_url: str
     postgres_dsn: str
     port: int
     redis: aioredis.Redis
+    falkordb: aioredis.Redis
     quick: bool
     namespace: str = "bench"
     pipe: Pipe | None = None
@@ -131,9 +139,23 @@ class Env:
         """A token for `agent` in the bench namespace."""
         return issue_token(SECRET, agent, self.namespace, "sessions:read sessions:write kg:write", 3600)
 
+    @property
+    def servers(self) -> dict[str, aioredis.Redis]:
+        """Both redis-servers, by the names the daemon's health and logs give them."""
+        return {"redis": self.redis, "falkordb": self.falkordb}
+
+    def settings(self, **overrides: object) -> Settings:
+        """The settings of a daemon on the run's servers (the graphs on their own), with `overrides`."""
+        return load_settings(redis_url=self.redis_url, falkordb_url=self.falkordb_url,
+                             postgres_dsn=self.postgres_dsn, auth_secret=SECRET, **overrides)
+
+    def backends(self, settings: Settings | None = None) -> AbstractAsyncContextManager[Backends]:
+        """Backends opened as the daemon opens them, on the run's servers (the graphs on their own)."""
+        return open_backends(settings or self.settings(), self.redis_url, self.postgres_dsn, self.falkordb_url)
+
     def manager(self) -> SessionManager:
         """A SessionManager wired as the daemon wires it (Function calls on the auto-pipelined connection)."""
-        settings = load_settings(redis_url=self.redis_url, postgres_dsn=self.postgres_dsn, auth_secret=SECRET)
+        settings = self.settings()
         if self.pipe is None:
             self.pipe = Pipe(self.redis_url, settings.redis_spin_us)
         return SessionManager(self.redis, settings, self.pipe)

@@ -55,7 +55,8 @@ async def weighed(env: Env, tenant: Tenant, data: Path, op: str, session: tuple[
 async def weigh(env: Env, tenant: Tenant, data: Path, op: str, session: tuple[str, int]) -> float:
     """MB the request grew a fresh daemon's RSS by, after the same request on a small session."""
     warm = await heavy_session(env, tenant, WARM_MB)
-    async with daemon(env.redis_url, env.postgres_dsn, data) as fresh, tenant_ws(env, tenant, op, fresh.port) as rpc:
+    async with (daemon(env.redis_url, env.postgres_dsn, data, falkordb_url=env.falkordb_url) as fresh,
+               tenant_ws(env, tenant, op, fresh.port) as rpc):
         if op == "resume":
             await request(env, tenant, rpc, "suspend", warm)
         await request(env, tenant, rpc, op, warm)

@@ -16,9 +16,10 @@ rate lives it; counted from each send instead (`per_call_*` in the extras), a 1.
 300 emits is one sample, and the p99 does not see it. A victim that cannot keep up at all (a stall on
 every request) falls behind by up to the whole window: its p99 is then the window's length.
 
-Beside every window a bare PING goes to Redis every 10 ms (`redis_ping_*` in the extras): a victim tail
-that comes with the PING's was Redis's (a long Function or graph query holding its one thread); one that
-comes alone was the daemon's (its event loop busy with the tenant's request).
+Beside every window a bare PING goes to the sessions' Redis every 10 ms (`redis_ping_*` in the extras): a
+victim tail that comes with the PING's was Redis's (a long Function holding its one thread; the graphs'
+queries run in a redis-server of their own); one that comes alone was the daemon's (its event loop busy
+with the tenant's request).
 """
 
 from __future__ import annotations

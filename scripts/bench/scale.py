@@ -69,7 +69,7 @@ async def cross_daemon(env: Env) -> Figure:
     quiet_sessions = [await new_session(env, manager) for _ in range(IDLE_CLIENTS)]
     busy_sessions = [await new_session(env, manager) for _ in range(EMITTERS)]
     with tempfile.TemporaryDirectory(prefix="memento-bench-b-") as tmp:
-        async with daemon(env.redis_url, env.postgres_dsn, Path(tmp)) as b, crowd(
+        async with daemon(env.redis_url, env.postgres_dsn, Path(tmp), falkordb_url=env.falkordb_url) as b, crowd(
                 {"kind": "ws", "count": IDLE_CLIENTS, "port": b.port, "namespace": env.namespace,
                  "sessions": quiet_sessions, "watch": True, "prefix": "idle"}) as idle:
             floods = [await upgraded(env.port, env.token(f"busy{n}"), LeanFlood) for n in range(EMITTERS)]

@@ -1,8 +1,8 @@
 """What the run prints beside each section, so a slow figure can be told from a busy host.
 
 The host's steal (vCPU time the hypervisor gave to something else), the daemon's collector pauses, and
-Redis's own stalls (its latency monitor, AOF writes held back by a slow fsync). `quiet` waits out an AOF
-rewrite before a timed part starts.
+each redis-server's own stalls (its latency monitor, AOF writes held back by a slow fsync): the sessions'
+Redis and the graphs' FalkorDB. `quiet` waits out an AOF rewrite of either before a timed part starts.
 """
 
 from __future__ import annotations
@@ -22,24 +22,25 @@ GcPauses = dict[str, tuple[float, float, float]]
 
 
 async def quiet(env: Env) -> None:
-    """Wait (up to 60 s) until Redis is neither rewriting its AOF nor saving an RDB.
+    """Wait (up to 60 s) until neither redis-server is rewriting its AOF or saving an RDB.
 
     Redis rewrites the AOF each time it doubles past 64 MB (about every 100,000 events here: ~520 bytes
-    of AOF per event), in a forked child that keeps one of the two vCPUs busy for a second or more. A
-    figure timed beside one measures that contention, so each timed part starts on a quiet server;
-    the waits are printed.
+    of AOF per event; FalkorDB's after a graph load), in a forked child that keeps one of the two vCPUs
+    busy for a second or more. A figure timed beside one measures that contention, so each timed part
+    starts on quiet servers; the waits are printed.
     """
-    started, polls = time.perf_counter(), 0
-    with anyio.fail_after(60):
-        while True:
-            stats = await env.redis.info("persistence")
-            if not stats.get("aof_rewrite_in_progress") and not stats.get("rdb_bgsave_in_progress"):
-                break
-            polls += 1
-            await anyio.sleep(0.05)
-    if polls:
-        waited = time.perf_counter() - started
-        print(f"bench: waited {waited:.2f} s for Redis's AOF rewrite to finish", file=sys.stderr, flush=True)
+    for name, client in env.servers.items():
+        started, polls = time.perf_counter(), 0
+        with anyio.fail_after(60):
+            while True:
+                stats = await client.info("persistence")
+                if not stats.get("aof_rewrite_in_progress") and not stats.get("rdb_bgsave_in_progress"):
+                    break
+                polls += 1
+                await anyio.sleep(0.05)
+        if polls:
+            waited = time.perf_counter() - started
+            print(f"bench: waited {waited:.2f} s for {name}'s AOF rewrite to finish", file=sys.stderr, flush=True)
 
 
 async def metrics_text(port: int) -> str:
@@ -84,23 +85,35 @@ def gc_note(before: GcPauses, after: GcPauses) -> str:
     return ", ".join(parts) or "none"
 
 
-async def delayed_fsyncs(env: Env) -> int:
-    """Times Redis held back an AOF write because the background fsync of the last one was still running."""
-    return int((await env.redis.info("persistence"))["aof_delayed_fsync"])
+async def watch_stalls(env: Env) -> None:
+    """Each redis-server's latency monitor on (events over STALL_MS), its record so far cleared."""
+    for client in env.servers.values():
+        await client.config_set("latency-monitor-threshold", STALL_MS)
+        await client.execute_command("LATENCY", "RESET")  # type: ignore[no-untyped-call]
 
 
-async def redis_stalls(env: Env, delayed: int) -> str:
-    """What Redis's latency monitor saw since the last LATENCY RESET (events over STALL_MS), in words.
+async def delayed_fsyncs(env: Env) -> dict[str, int]:
+    """Times each redis-server held back an AOF write because the background fsync of the last one was
+    still running."""
+    return {name: int((await client.info("persistence"))["aof_delayed_fsync"]) for name, client in env.servers.items()}
+
+
+async def redis_stalls(env: Env, delayed_before: dict[str, int]) -> str:
+    """What each redis-server's latency monitor saw since the last LATENCY RESET (events over STALL_MS), and
+    its AOF writes held back since `delayed_before`, in words.
 
     A slow disk shows as `aof-write-pending-fsync` or `aof-fsync-always`: the main thread waited on the AOF,
     and every reply and publish waited with it. Each event's history holds one sample per second at most.
     """
-    parts = []
-    for event, _, _, worst in await env.redis.execute_command("LATENCY", "LATEST"):  # type: ignore[no-untyped-call]
-        history = await env.redis.execute_command("LATENCY", "HISTORY", event)  # type: ignore[no-untyped-call]
-        parts.append(f"{event} in {len(history)} s (max {worst} ms)")
-    stalls = ", ".join(parts) or "none"
-    return f"Redis stalls over {STALL_MS} ms: {stalls}; AOF writes held back by a slow fsync: {delayed}"
+    delayed, notes = await delayed_fsyncs(env), []
+    for name, client in env.servers.items():
+        parts = []
+        for event, _, _, worst in await client.execute_command("LATENCY", "LATEST"):  # type: ignore[no-untyped-call]
+            history = await client.execute_command("LATENCY", "HISTORY", event)  # type: ignore[no-untyped-call]
+            parts.append(f"{event} in {len(history)} s (max {worst} ms)")
+        notes.append(f"{name} stalls over {STALL_MS} ms: {', '.join(parts) or 'none'}; AOF writes held back by a "
+                     f"slow fsync: {delayed[name] - delayed_before.get(name, 0)}")
+    return "; ".join(notes)
 
 
 def steal_ms() -> float:
