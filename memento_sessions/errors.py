@@ -37,6 +37,7 @@ class Reason(StrEnum):
     NAMESPACE_FULL = "namespace_full"  # -32009: the namespace holds MEMENTO_NAMESPACE_MAX_SESSIONS live sessions
     STALE_LEASE = "stale_lease"  # -32009: an event's fencingToken is older than a newer grant on its entities
     LEASE_LIMIT = "lease_limit"  # -32009: the namespace holds MEMENTO_LEASE_MAX live leases
+    ENTITY_HOLDS = "entity_holds"  # -32009: an entity already has MEMENTO_LEASE_MAX_HOLDS live holds
     MAILBOX_LIMIT = "mailbox_limit"  # -32009: the namespace holds MEMENTO_MAILBOXES_MAX mailboxes
     ID_TAKEN = "id_taken"  # -32009: a message id already used for another message
     COMPACTED = "compacted"  # -32009: the events asked for were compacted away (data.compactedSeq)
