@@ -30,7 +30,7 @@ from memento_sessions.redisio.cluster import open_pipe
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Registry
 from memento_sessions.sessions.conversation import ConversationMethods
-from memento_sessions.sessions.history import auto_compact
+from memento_sessions.sessions.history import auto_compaction
 from memento_sessions.sessions.janitor import janitor
 from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.manager import SessionManager
@@ -61,7 +61,8 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
     """Build the services, start their background tasks, and the registry of the declared methods over them."""
     pipe = open_pipe(redis_url, backends.redis, settings.redis_spin_us)
     triggers = Triggers(settings.checkpoint_every)  # the checkpointer's end of the emits: passed to the manager
-    manager = SessionManager(backends.redis, settings, pipe, on_emitted=(triggers.on_emitted,), on_full=auto_compact)
+    manager = SessionManager(backends.redis, settings, pipe, on_emitted=(triggers.on_emitted,),
+                             on_full=auto_compaction(backends.postgres.enabled))
     await manager.start()
     fanout = Fanout(redis_url, keys.daemon_channel(uuid.uuid4().hex))
     try:

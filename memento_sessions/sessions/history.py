@@ -20,7 +20,7 @@ from memento_sessions.errors import Conflict, InvalidParams, NotFound, Reason
 from memento_sessions.metrics import COMPACTIONS, REHYDRATE_SECONDS
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import KEEP, Condenser
-from memento_sessions.sessions.manager import VIEW_READS, SessionManager, ask_view, iso, now_ms, view_of
+from memento_sessions.sessions.manager import VIEW_READS, FullHandler, SessionManager, ask_view, iso, now_ms, view_of
 from memento_sessions.sessions.snapshot_store import SNAPSHOT_LIST, SNAPSHOT_PREFIX, snapshot_id
 
 FOLD_CHUNK = 1000  # events read per round trip while folding
@@ -205,7 +205,9 @@ class History:
         raise Conflict("the session was compacted meanwhile; try again", {"reason": Reason.BUSY})
 
 
-async def auto_compact(manager: SessionManager, namespace: str, session_id: str) -> bool:
+def auto_compaction(postgres: bool) -> FullHandler:
     """The manager's `on_full` (server/services.py passes it): a full session compacted to make room, when
-    MEMENTO_AUTO_COMPACT is on (True if it removed events)."""
-    return await History(manager, manager.settings.postgres_enabled).auto_compact(namespace, session_id)
+    MEMENTO_AUTO_COMPACT is on (True if it removed events); `postgres` as History's."""
+    async def on_full(manager: SessionManager, namespace: str, session_id: str) -> bool:
+        return await History(manager, postgres).auto_compact(namespace, session_id)
+    return on_full
