@@ -20,13 +20,11 @@ from pydantic import (
 
 from memento_sessions.auth import MAX_ROLES, ROLE
 from memento_sessions.coordination.service import Coordination
-from memento_sessions.logs import get_logger
 from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId, Seq, ShortText, client_id
 from memento_sessions.sessions.storable import value_problem
 
-log = get_logger(__name__)
 RoleName = Annotated[str, StringConstraints(pattern=ROLE.pattern)]
 AGENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
