@@ -38,6 +38,7 @@ class Reason(StrEnum):
     STALE_LEASE = "stale_lease"  # -32009: an event's fencingToken is older than a newer grant on its entities
     LEASE_LIMIT = "lease_limit"  # -32009: the namespace holds MEMENTO_LEASE_MAX live leases
     ENTITY_HOLDS = "entity_holds"  # -32009: an entity already has MEMENTO_LEASE_MAX_HOLDS live holds
+    LEASE_TOO_LARGE = "lease_too_large"  # -32009: the entities and what they contain pass MEMENTO_LEASE_MAX_COVERED
     MAILBOX_LIMIT = "mailbox_limit"  # -32009: the namespace holds MEMENTO_MAILBOXES_MAX mailboxes
     ID_TAKEN = "id_taken"  # -32009: a message id already used for another message
     COMPACTED = "compacted"  # -32009: the events asked for were compacted away (data.compactedSeq)
@@ -50,6 +51,7 @@ class Reason(StrEnum):
     TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"  # -32009: the connection's subscription limit
     TOO_MANY_MCP_SESSIONS = "too_many_mcp_sessions"  # -32029: the identity's MCP session quota
     OUT_OF_MEMORY = "outOfMemory"  # -32050: Redis at its maxmemory refuses writes
+    REPLICA_ACK_TIMEOUT = "replica_ack_timeout"  # -32050: too few replicas acknowledged the write in time
 
 
 class MementoError(Exception):

@@ -32,7 +32,7 @@ PACKAGE = ROOT / "memento_sessions"
 
 def test_every_method_is_declared_once_and_a_second_registration_fails() -> None:
     names = [declared.name for declared in METHODS]
-    assert len(names) == len(set(names)) == 34
+    assert len(names) == len(set(names)) == 35
     registry = Registry()
 
     async def handler(call: Any, params: Any) -> dict[str, Any]:
@@ -63,7 +63,8 @@ async def test_steps_run_in_their_declared_order_around_the_handler() -> None:
 
     emit = next(declared for declared in METHODS if declared.name == "event.emit")
     names = [step.__name__ for step in emit.steps]
-    assert names == ["fenced_emit", "visit"]  # the fencing sync runs before the write, presence after it
+    # the fencing sync runs before the write, presence and the usage fold after it
+    assert names == ["fenced_emit", "visit", "usage_fold"]
     mine = dataclasses.replace(emit, handler=lambda parts: core, steps=(step("a"), step("b")))
     every = table.AROUND_EVERY_METHOD
     table.AROUND_EVERY_METHOD = (step("every"),)
@@ -115,7 +116,7 @@ async def test_rpc_discover_answers_the_document_over_the_websocket(daemon: Daem
         found = await peer.call("rpc.discover", {})
         refused = await peer.request("rpc.discover", {"extra": 1})
     assert found == json.loads(json.dumps(openrpc_document()))
-    assert len(found["methods"]) == 34
+    assert len(found["methods"]) == 35
     assert refused["error"]["code"] == -32602 and refused["error"]["data"][0]["field"] == "extra"
 
 

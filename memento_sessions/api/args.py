@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Literal
 
 import annotated_types
@@ -20,6 +21,7 @@ from memento_sessions.sessions.conversation import CONVERSATION_PAGE, Conversati
 from memento_sessions.sessions.methods import CreateParams, GetParams, LabelKey, LabelValue, ListCursor, ListParams
 from memento_sessions.sessions.models import ClientId, EntityId, EventIn, Seq, SessionState, ShortText
 from memento_sessions.sessions.paging import PAGE
+from memento_sessions.usage.methods import UsageParams
 
 
 @dataclass(frozen=True)
@@ -130,3 +132,14 @@ BlockCursor = Annotated[StrictInt, Bounds(ConversationParams, "cursor"), Field(
 BlockLimit = Annotated[StrictInt | None, Bounds(ConversationParams, "limit"), Field(
     description=f"At most this many blocks in this reply; omit for up to {CONVERSATION_PAGE}. A page may hold "
                 "fewer when blocks are large: keep paging while the reply has nextCursor.")]
+
+# The usage tool
+UsageSession = Annotated[str | None, Bounds(UsageParams, "sessionId"), Field(
+    description="A session's usage and its runs; omit (with agentId omitted too) for your namespace's totals.")]
+UsageAgent = Annotated[str | None, Bounds(UsageParams, "agentId"), Field(
+    description="An agent's usage and its runs across sessions (not together with sessionId).")]
+UsageSince = Annotated[datetime | None, Field(
+    description="Only runs started at or after this time (ISO 8601 with a zone).")]
+UsageCursor = Annotated[str | None, Bounds(UsageParams, "cursor"), Field(
+    description="Omit for the first page, then the previous reply's nextCursor.")]
+UsageLimit = Annotated[int, Bounds(UsageParams, "limit"), Field(description="At most this many runs in this reply.")]

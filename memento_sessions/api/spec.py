@@ -18,6 +18,7 @@ from memento_sessions.rpc import Call, Handler, Result
 from memento_sessions.sessions.conversation import ConversationMethods
 from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.methods import Params, SessionMethods, SessionParams, SubscribeParams
+from memento_sessions.usage.methods import UsageMethods
 
 READ, WRITE, KG_WRITE, ADMIN = "sessions:read", "sessions:write", "kg:write", "admin"
 REQUIRED = inspect.Parameter.empty
@@ -45,6 +46,7 @@ class Parts:
     bridge: BridgeMethods
     coordination: CoordinationMethods
     coord: Coordination
+    usage: UsageMethods
 
 
 Bind = Callable[[Parts], Handler]  # a handler, from the services

@@ -1,7 +1,8 @@
 """The steps a declaration may name, each bound to the services at start, and the composed bridge.handoff.
 
 A step takes the handler it runs around and returns the handler with it: `visit(parts, inner)`. The steps
-themselves live with what they do (coordination/steps.py); here they only take their service from `Parts`.
+themselves live with what they do (coordination/steps.py, usage/methods.py); here they only take their
+service from `Parts`.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from typing import Any
 from memento_sessions.api.spec import Parts
 from memento_sessions.coordination import steps
 from memento_sessions.rpc import Call, Handler, Result
+from memento_sessions.usage.methods import folded
 
 
 def activity(parts: Parts, inner: Handler) -> Handler:
@@ -40,6 +42,15 @@ def fenced_batch(parts: Parts, inner: Handler) -> Handler:
 
 def graph_write(parts: Parts, inner: Handler) -> Handler:
     return steps.graph_write(parts.coord, inner)
+
+
+def usage_fold(parts: Parts, inner: Handler) -> Handler:
+    """event.emit: what the stored event says about usage folded after the write (usage/methods.py)."""
+    return folded(parts.usage.store, inner, batch=False)
+
+
+def usage_fold_batch(parts: Parts, inner: Handler) -> Handler:
+    return folded(parts.usage.store, inner, batch=True)
 
 
 def handoff(parts: Parts) -> Handler:

@@ -11,6 +11,7 @@ from memento_sessions.api.table_coordination import COORDINATION
 from memento_sessions.api.table_graph import GRAPH
 from memento_sessions.api.table_lifecycle import LIFECYCLE
 from memento_sessions.api.table_sessions import SESSIONS
+from memento_sessions.api.table_usage import USAGE
 from memento_sessions.client.results import Discovered
 from memento_sessions.rpc import Call, Handler, Result
 from memento_sessions.sessions.methods import Params
@@ -23,7 +24,7 @@ async def discover(call: Call, params: Params) -> Result:
 
 DISCOVER = Declared("rpc.discover", Params, Discovered, READ, lambda s: discover,
                     "The OpenRPC 1.3 document of every method: params, results, errors.")
-METHODS: tuple[Declared, ...] = (*SESSIONS, *LIFECYCLE, *GRAPH, *COORDINATION, DISCOVER)
+METHODS: tuple[Declared, ...] = (*SESSIONS, *LIFECYCLE, *GRAPH, *COORDINATION, *USAGE, DISCOVER)
 AROUND_EVERY_METHOD: tuple[StepOf, ...] = (activity,)  # outermost, before each method's own steps
 
 

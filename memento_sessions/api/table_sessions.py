@@ -24,7 +24,15 @@ from memento_sessions.api.args import (
     Ttl,
 )
 from memento_sessions.api.spec import READ, WRITE, Arg, Declared, Tool
-from memento_sessions.api.steps import fenced_batch, fenced_emit, presence_enter, presence_exit, visit
+from memento_sessions.api.steps import (
+    fenced_batch,
+    fenced_emit,
+    presence_enter,
+    presence_exit,
+    usage_fold,
+    usage_fold_batch,
+    visit,
+)
 from memento_sessions.client.results import (
     AtView,
     Conversation,
@@ -179,6 +187,7 @@ SESSIONS: tuple[Declared, ...] = (
         steps=(
             fenced_emit,
             visit,
+            usage_fold,
         ),
         tools=(
             Tool(
@@ -208,6 +217,7 @@ SESSIONS: tuple[Declared, ...] = (
         steps=(
             fenced_batch,
             visit,
+            usage_fold_batch,
         ),
     ),
     Declared(

@@ -8,6 +8,7 @@ from memento_sessions.bridge.bridge import SessionBridge
 from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import ClientId, EntityId, Seq
+from memento_sessions.usage.query import session_totals
 
 
 class TransitionsParams(SessionParams):
@@ -35,10 +36,18 @@ class BridgeMethods:
         return await self.bridge.transitions(call.identity.namespace, p.sessionId, p.entityId)
 
     async def isolate(self, call: Call, p: IsolateParams) -> Result:
-        return await self.bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
+        result = await self.bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
+        return {**result, "usage": await self.usage(call, p.sessionId)}
 
     async def handoff(self, call: Call, p: SessionParams) -> Result:
-        return await self.bridge.handoff(call.identity.namespace, p.sessionId)
+        result = await self.bridge.handoff(call.identity.namespace, p.sessionId)
+        return {**result, "usage": await self.usage(call, p.sessionId)}
 
     async def outcomes(self, call: Call, p: OutcomesParams) -> Result:
         return await self.bridge.outcomes(call.identity.namespace, p.clusterId, p.days)
+
+    async def usage(self, call: Call, session_id: str) -> Result:
+        """The session's usage totals (usage.get), which isolate and handoff carry."""
+        found = await session_totals(self.bridge.manager.redis, call.identity.namespace, session_id)
+        totals: Result = found["totals"]
+        return totals

@@ -36,6 +36,7 @@ from memento_sessions.client.results import (
     SessionList,
     Snapshotted,
     Upserted,
+    Usage,
 )
 from memento_sessions.client.wire import Result, compact
 
@@ -120,6 +121,12 @@ class Methods:
         """`event.emitBatch`: {seqs}; retried across a reconnect only when every event has an `id`."""
         params = {"sessionId": session_id, "events": events}
         return cast(EmittedBatch, await self.call("event.emitBatch", params, retry=all("id" in e for e in events)))
+
+    async def usage(self, *, session_id: str | None = None, agent_id: str | None = None, since: str | None = None,
+                    cursor: str | None = None, limit: int | None = None) -> Usage:
+        """`usage.get`: {totals, bySource, runs, nextCursor?} of a session, an agent, or (neither) the namespace."""
+        params = compact(sessionId=session_id, agentId=agent_id, since=since, cursor=cursor, limit=limit)
+        return cast(Usage, await self.call("usage.get", params, retry=True))
 
     async def checkpoint(self, session_id: str, *, final: bool = False) -> Checkpoint:
         """`session.checkpoint`: {checkpointId, outcome, brokeDuring, keyImpacts, perfDelta, actors, ...}."""

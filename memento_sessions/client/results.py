@@ -77,6 +77,7 @@ class SessionDetail(TypedDict):
     perfDelta: NotRequired[float | None]  # null when the sum is not a finite number
     truncated: NotRequired[list[str]]  # the condensed lists that were cut
     lastCheckpoint: NotRequired[Json | None]
+    usage: NotRequired[Json]  # condensed: the session's usage totals (usage.get)
 
 
 @with_config(_OPEN)
@@ -132,6 +133,7 @@ class Isolated(TypedDict):
     impacts: list[EntityImpact]
     totalPerfDelta: float
     source: Source
+    usage: Json  # the session's usage totals (usage.get)
 
 
 @with_config(_OPEN)
@@ -145,6 +147,7 @@ class Handoff(TypedDict):
     source: Source
     leases: list[Json]  # live leases on the handoff's entities (coordination)
     openConflicts: list[Json]  # those held by agents outside the session
+    usage: Json  # the session's usage totals (usage.get)
 
 
 @with_config(_OPEN)
@@ -293,6 +296,20 @@ class Conversation(TypedDict):
     subagentCount: int
     idle: bool
     metadata: Json
+
+
+# usage
+@with_config(_OPEN)
+class Usage(TypedDict):
+    """Totals (the most trusted source's), totals by source, and one page of runs."""
+
+    sessionId: NotRequired[str]  # one of the three: whose usage this is
+    agentId: NotRequired[str]
+    namespace: NotRequired[str]
+    totals: Json
+    bySource: Json
+    runs: list[Json]
+    nextCursor: NotRequired[str]
 
 
 # the methods no MCP tool calls

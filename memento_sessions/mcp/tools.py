@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from contextvars import ContextVar
+from datetime import datetime
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -103,9 +104,7 @@ class Tools:
         """The tool as a function the SDK reads: its declared arguments as its signature, its result type as
         its return annotation; it runs the declared method with the arguments as params."""
         async def run(**arguments: Any) -> Result:
-            params = {name: value.model_dump(mode="json", by_alias=True, exclude_unset=True)
-                      if isinstance(value, BaseModel) else value for name, value in arguments.items()}
-            return await self.call(declared.name, params)
+            return await self.call(declared.name, {name: wire(value) for name, value in arguments.items()})
 
         run.__name__ = run.__qualname__ = tool.name
         run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
@@ -148,6 +147,13 @@ def _request_id(context: Context[Any, Any] | None) -> str | None:
         return context.request_id if context is not None else None
     except ValueError:  # a call outside an MCP request (in-process) has none
         return None
+
+
+def wire(value: Any) -> Any:
+    """An argument as a WebSocket client would send it: a model as its JSON, a datetime in ISO 8601."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return value.isoformat() if isinstance(value, datetime) else value
 
 
 def description(tool: Tool) -> str:

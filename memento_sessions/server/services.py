@@ -23,6 +23,7 @@ from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.checkpoints.triggers import Triggers
 from memento_sessions.coordination.methods import CoordinationMethods
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.embedded.datadir import auth_secret
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.kg.methods import GraphMethods
 from memento_sessions.mcp.http import serve_mcp
@@ -36,6 +37,9 @@ from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import SessionMethods
 from memento_sessions.settings import Settings
+from memento_sessions.usage.methods import UsageMethods
+from memento_sessions.usage.receiver import OtlpReceiver
+from memento_sessions.usage.store import UsageStore
 from memento_sessions.ws.subscriptions import Subscriptions
 
 
@@ -50,6 +54,7 @@ class Services:
     fanout: Fanout
     checkpointer: Checkpointer
     mcp_app: ASGIApp | None = None
+    otlp: OtlpReceiver | None = None  # POST /v1/logs and /v1/metrics
 
     async def drain(self) -> None:
         """Finish in-flight checkpoints (bounded) before shutdown."""
@@ -75,6 +80,7 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             await tg.start(run_while_leader, Lease(backends.redis), retention_job(graphs, snapshots, settings))
             lifecycle = LifecycleService(manager, backends)
             tg.start_soon(lifecycle.run)
+            usage = UsageStore(backends.redis, settings)
             bridge = SessionBridge(manager, backends, settings.bridge_cache_events, settings.bridge_cache_bytes,
                                    graphs=graphs, snapshots=snapshots)
             coordination = Coordination(manager, fanout, graphs, settings, uuid.uuid4().hex[:12])
@@ -83,9 +89,10 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
                 sessions=SessionMethods(manager), lifecycle=lifecycle, conversation=ConversationMethods(manager),
                 subscriptions=Subscriptions(manager, fanout), checkpoints=CheckpointMethods(checkpointer),
                 graph=GraphMethods(graphs), bridge=BridgeMethods(bridge),
-                coordination=CoordinationMethods(coordination), coord=coordination))
+                coordination=CoordinationMethods(coordination), coord=coordination, usage=UsageMethods(usage)))
             async with serve_mcp(settings, registry) as mcp_app:
-                yield Services(settings, backends, registry, manager, fanout, checkpointer, mcp_app)
+                otlp = OtlpReceiver(usage, settings, settings.auth_secret or auth_secret(settings.data_dir))
+                yield Services(settings, backends, registry, manager, fanout, checkpointer, mcp_app, otlp)
             tg.cancel_scope.cancel()
     finally:
         await fanout.aclose()
