@@ -29,11 +29,12 @@ PAGE = 100
 
 
 class UsageParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict like every method's params (`"60"` is not 60); `since` is the one field given as text (ISO 8601).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     sessionId: Id | None = None
     agentId: Id | None = None
-    since: AwareDatetime | None = None  # runs started at or after this time
+    since: Annotated[AwareDatetime, Field(strict=False)] | None = None  # runs started at or after this time
     cursor: Cursor | None = None  # a previous page's nextCursor
     limit: int = Field(default=PAGE, ge=1, le=500)
 
