@@ -142,4 +142,5 @@ UsageSince = Annotated[datetime | None, Field(
     description="Only runs started at or after this time (ISO 8601 with a zone).")]
 UsageCursor = Annotated[str | None, Bounds(UsageParams, "cursor"), Field(
     description="Omit for the first page, then the previous reply's nextCursor.")]
-UsageLimit = Annotated[StrictInt, Bounds(UsageParams, "limit"), Field(description="At most this many runs in this reply.")]
+UsageLimit = Annotated[StrictInt, Bounds(UsageParams, "limit"), Field(
+    description="At most this many runs in this reply.")]
