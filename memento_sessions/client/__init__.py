@@ -1,4 +1,4 @@
-"""`Client`: the async Python client of the `/ws` JSON-RPC API (SPEC section 6).
+"""`Client`: the async Python client of the `/ws` JSON-RPC API.
 
 One WebSocket per client. A reader task routes replies to the requests waiting for them (several may
 be in flight) and notifications to subscriptions. When the connection drops, requests in flight fail

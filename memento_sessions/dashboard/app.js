@@ -943,8 +943,21 @@ function onLifecycle(method, p) {
   schedulePoll(250);
 }
 
+function onRecovery(p) {
+  // The session lost writes in a Redis failover: the daemon sends its stored history again, under a new
+  // epoch, right after this notice; what the page drew before may include events that are gone.
+  const d = app.detail;
+  if (!d || d.id !== p.sessionId) return;
+  app.detail = newDetail(d.id);
+  app.detail.note = "history lost in a Redis failover: shown again from storage";
+  timeline.items = [];
+  frame();
+  loadPanels();
+}
+
 function notified(method, params) {
   if (method === "session.event") onEvent(params);
+  else if (method === "session.recovery") onRecovery(params);
   else if (method === "session.checkpoint") onCheckpoint(params);
   else if (method === "sessions.announce") announced(params);
   else if (method === "session.presence") onPresence(params);
