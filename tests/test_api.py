@@ -32,7 +32,7 @@ PACKAGE = ROOT / "memento_sessions"
 
 def test_every_method_is_declared_once_and_a_second_registration_fails() -> None:
     names = [declared.name for declared in METHODS]
-    assert len(names) == len(set(names)) == 35
+    assert len(names) == len(set(names)) == 39
     registry = Registry()
 
     async def handler(call: Any, params: Any) -> dict[str, Any]:
@@ -63,8 +63,9 @@ async def test_steps_run_in_their_declared_order_around_the_handler() -> None:
 
     emit = next(declared for declared in METHODS if declared.name == "event.emit")
     names = [step.__name__ for step in emit.steps]
-    # the fencing sync runs before the write, presence and the usage fold after it
-    assert names == ["fenced_emit", "visit", "usage_fold"]
+    # a break or fix is told after the rest; the fencing sync (and a task's claim) before the write; presence,
+    # the commit index and the usage fold after it
+    assert names == ["outcome", "fenced_emit", "visit", "note_commits", "usage_fold"]
     mine = dataclasses.replace(emit, handler=lambda parts: core, steps=(step("a"), step("b")))
     every = table.AROUND_EVERY_METHOD
     table.AROUND_EVERY_METHOD = (step("every"),)
@@ -116,7 +117,7 @@ async def test_rpc_discover_answers_the_document_over_the_websocket(daemon: Daem
         found = await peer.call("rpc.discover", {})
         refused = await peer.request("rpc.discover", {"extra": 1})
     assert found == json.loads(json.dumps(openrpc_document()))
-    assert len(found["methods"]) == 35
+    assert len(found["methods"]) == 39
     assert refused["error"]["code"] == -32602 and refused["error"]["data"][0]["field"] == "extra"
 
 

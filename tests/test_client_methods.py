@@ -38,7 +38,9 @@ def test_the_client_methods_return_the_declared_results() -> None:
     typed = {"create_session": "session.create", "join": "session.join", "emit": "event.emit",
              "emit_batch": "event.emitBatch", "diff": "session.diff", "fork": "session.fork",
              "acquire_lease": "lease.acquire", "read_inbox": "mailbox.read", "discover": "rpc.discover",
-             "conversation": "session.conversation", "handoff": "bridge.handoff", "kg_upsert": "kg.upsert"}
+             "conversation": "session.conversation", "handoff": "bridge.handoff", "kg_upsert": "kg.upsert",
+             "commit": "bridge.commit", "message_status": "mailbox.status", "surface": "mailbox.surface",
+             "hook_answer": "hook.answer"}
     for attribute, method in typed.items():
         hints = typing.get_type_hints(getattr(Client, attribute))
         assert hints["return"] is by_name[method], attribute
@@ -72,6 +74,16 @@ async def test_the_new_methods_against_a_daemon(daemon: Daemon, namespace: str) 
         inbox = await bob.read_inbox(unread_only=True)
         assert [message["messageId"] for message in inbox["messages"] if message["subject"] == "handoff"] == ["m-1"]
         assert (await bob.ack_messages(["m-1"]))["acked"] == 1
+        status = await alice.message_status("m-1")
+        assert [(item["agentId"], item["acked"] is not None) for item in status["recipients"]] == [("cli-b", True)]
+        await alice.send_message("cli-b", {"note": "later"}, subject="later", message_id="m-2")
+        surfaced = (await bob.surface())["notices"]
+        assert [notice["messageId"] for notice in surfaced] == ["m-2"] and (await bob.surface())["notices"] == []
+        sha = "ab" * 20
+        stored = await alice.emit(sid, {"type": "commit", "data": {"sha": sha, "message": "fix a"}})
+        found = await bob.commit(sha[:8])
+        assert (found["sessionId"], found["seq"], found["agentId"]) == (sid, stored["seq"], "cli-a")
+        assert (await alice.hook_answer({"hook_event_name": "NotAHook"}))["output"] == {}
         assert (await alice.set_roles(["reviewer"]))["roles"] == ["reviewer"]
         assert "cli-a" in {agent["agentId"] for agent in (await alice.presence(sid))["agents"]}
         document = await alice.discover()

@@ -90,11 +90,14 @@ LeaseEntityIds = Annotated[list[EntityId], Bounds(AcquireParams, "entityIds"), F
     description="The codebase entities to lease, e.g. ['file:src/auth.py'] or ['sym:src/auth.py:login'].")]
 LeaseTtl = Annotated[StrictInt, Bounds(AcquireParams, "ttl"),
                      Field(description="Seconds the lease lasts unless renewed.")]
-Mode = Annotated[Literal["exclusive", "shared"], Field(
-    description="'exclusive' (granted only if nobody else holds any of them) or 'shared' (advisory: always "
-                "granted, conflicts reported).")]
+Mode = Annotated[Literal["exclusive", "shared", "intent"], Field(
+    description="'exclusive' (granted only if nobody else holds any of them), 'shared' (advisory: always "
+                "granted, conflicts reported) or 'intent' (a plan, holding nothing: always granted, with the "
+                "'overlaps' of other agents' leases and intents up to two graph relationships away, each with "
+                "its path 'via'; they are told too).")]
 LeaseSession = Annotated[ClientId | None, Field(description="The session you work in, if any.")]
 LeaseReason = Annotated[ShortText | None, Field(description="Why you take it, shown to other agents.")]
+TaskId = Annotated[ClientId, Field(description="The task's id: the lease is on the entity 'task:<taskId>'.")]
 LeaseId = Annotated[ClientId, Field(description="The leaseId returned by acquire_lease.")]
 RenewTtl = Annotated[StrictInt, Bounds(RenewParams, "ttl"), Field(description="Seconds from now the lease lasts.")]
 LeaseEntity = Annotated[EntityId | None, Field(description="Only leases covering this entity.")]
@@ -112,6 +115,7 @@ InboxSince = Annotated[StrictInt, Bounds(ReadParams, "since"), Field(
     description="Only messages with seq greater than this: 0 first, then the previous reply's nextSince.")]
 InboxLimit = Annotated[StrictInt, Bounds(ReadParams, "limit"), Field(description="At most this many messages.")]
 UnreadOnly = Annotated[StrictBool, Field(description="True to skip messages you acknowledged.")]
+SentId = Annotated[ClientId, Field(description="The messageId send_message returned.")]
 MessageIds = Annotated[list[ClientId], Field(min_length=1, max_length=1000, description="The messageIds to mark read.")]
 
 # The lifecycle tools

@@ -65,12 +65,21 @@ def params(model: type[BaseModel], schemas: dict[str, Any]) -> list[dict[str, An
 def schema(adapter: TypeAdapter[Any], schemas: dict[str, Any], *, inline: bool = False) -> dict[str, Any]:
     """The type's JSON schema, its definitions moved to the shared components; inline: the top one too."""
     found = adapter.json_schema(ref_template=REF_TEMPLATE)
-    schemas.update(found.pop("$defs", {}))
+    schemas.update({name: unnoticed(defined) for name, defined in found.pop("$defs", {}).items()})
+    found = unnoticed(found)
     title = found.get("title")
     if inline or not isinstance(title, str) or found.get("type") != "object":
         return found
     schemas[title] = found
     return {"$ref": REF_TEMPLATE.format(model=title)}
+
+
+def unnoticed(found: dict[str, Any]) -> dict[str, Any]:
+    """A result's schema without the optional `notices` only MCP tool results carry (client/results.Noticed)."""
+    properties = found.get("properties", {})
+    if "notices" not in properties or "notices" in found.get("required", ()):
+        return found
+    return {**found, "properties": {name: value for name, value in properties.items() if name != "notices"}}
 
 
 def error(kind: type[RpcError], text: str) -> dict[str, Any]:

@@ -65,7 +65,8 @@ class Arg:
 @dataclass(frozen=True)
 class Tool:
     """The MCP tool of a method: its name, the place it is listed at, its hints, its arguments, and the
-    description an agent reads (`{page}`-style facts filled in by mcp/tools.py)."""
+    description an agent reads (`{page}`-style facts filled in by mcp/tools.py); `params`, when set, turns
+    its arguments into the method's params (claim_task: a taskId into a lease on 'task:<taskId>')."""
 
     name: str
     listed: int
@@ -73,6 +74,7 @@ class Tool:
     args: tuple[Arg, ...]
     description: str
     result: Any = None  # the method's result type unless the tool narrows it (get_session_at)
+    params: Callable[[dict[str, Any]], dict[str, Any]] | None = None  # arguments -> params, when not the same
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from memento_sessions.api.spec import Parts
+from memento_sessions.bridge import methods as bridge
 from memento_sessions.coordination import steps
 from memento_sessions.rpc import Call, Handler, Result
 from memento_sessions.usage.methods import folded
@@ -26,6 +27,16 @@ def presence_enter(parts: Parts, inner: Handler) -> Handler:
 
 def presence_exit(parts: Parts, inner: Handler) -> Handler:
     return steps.presence_exit(parts.coord, inner)
+
+
+def outcome(parts: Parts, inner: Handler) -> Handler:
+    """event.emit and .emitBatch: a stored break or fix told to the agents leasing what the session changed."""
+    return steps.outcome(parts.coord, inner)
+
+
+def note_commits(parts: Parts, inner: Handler) -> Handler:
+    """event.emit and .emitBatch: each stored `commit` event noted in the commit index (bridge.commit)."""
+    return bridge.note_commits(parts.bridge.commits, inner)
 
 
 def visit(parts: Parts, inner: Handler) -> Handler:

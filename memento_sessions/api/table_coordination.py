@@ -1,6 +1,8 @@
-"""The coordination methods, declared: presence.*, lease.* and mailbox.*."""
+"""The coordination methods, declared: presence.*, lease.*, mailbox.* and hook.answer."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from memento_sessions.api.args import (
     Body,
@@ -22,22 +24,47 @@ from memento_sessions.api.args import (
     MessageTtl,
     Mode,
     RenewTtl,
+    SentId,
+    TaskId,
     To,
     UnreadOnly,
 )
 from memento_sessions.api.spec import READ, WRITE, Arg, Declared, Tool
-from memento_sessions.client.results import Acked, Here, Inbox, Lease, LeaseList, Released, Renewed, Roles, Sent
+from memento_sessions.client.results import (
+    Acked,
+    Here,
+    HookAnswer,
+    Inbox,
+    Lease,
+    LeaseList,
+    Notices,
+    Receipt,
+    Released,
+    Renewed,
+    Roles,
+    Sent,
+)
 from memento_sessions.coordination.methods import (
     AckParams,
     AcquireParams,
+    HookParams,
     ListLeasesParams,
     ReadParams,
     ReleaseParams,
     RenewParams,
     RolesParams,
     SendParams,
+    StatusParams,
+    SurfaceParams,
 )
 from memento_sessions.sessions.methods import SessionParams
+
+
+def task_lease(arguments: dict[str, Any]) -> dict[str, Any]:
+    """claim_task's arguments as lease.acquire's params: an exclusive lease on the entity 'task:<taskId>'."""
+    rest = {name: value for name, value in arguments.items() if name != "taskId"}
+    return {"entityIds": [f"task:{arguments['taskId']}"], "mode": "exclusive", **rest}
+
 
 COORDINATION: tuple[Declared, ...] = (
     Declared(
@@ -70,7 +97,7 @@ COORDINATION: tuple[Declared, ...] = (
         Lease,
         WRITE,
         lambda s: s.coordination.acquire,
-        "Lease entities, exclusive or shared, with a fencing token.",
+        "Lease entities, exclusive or shared, with a fencing token; or declare an intent (holds nothing).",
         tools=(
             Tool(
                 "acquire_lease",
@@ -90,6 +117,24 @@ COORDINATION: tuple[Declared, ...] = (
                 Shared is advisory. Keep the fencingToken and put it on the events you emit for those entities:
                 an event with an older token than a newer grant is refused (stale_lease). Renew before expiresAt.""",
             ),
+            Tool(
+                "claim_task",
+                13,
+                "write",
+                (
+                    Arg("taskId", TaskId),
+                    Arg("ttl", LeaseTtl),
+                    Arg("sessionId", LeaseSession, None),
+                    Arg("reason", LeaseReason, None),
+                ),
+                """Claim a task before you start it, so no other agent takes it too: an exclusive lease on
+                'task:<taskId>'. Exactly one of any agents racing for it gets granted true; the others get granted
+                false and conflicts naming the holder: pick another task. Keep the fencingToken: the task's
+                completion event (type 'task_done', changeInfo.entityIds ['task:<taskId>']) must carry it as
+                fencingToken, or it is refused (stale_lease). Renew before expiresAt while you work; release it if
+                you give the task up.""",
+                params=task_lease,
+            ),
         ),
     ),
     Declared(
@@ -102,7 +147,7 @@ COORDINATION: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "renew_lease",
-                13,
+                14,
                 "idempotent",
                 (
                     Arg("leaseId", LeaseId),
@@ -124,7 +169,7 @@ COORDINATION: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "release_lease",
-                14,
+                15,
                 "idempotent",
                 (Arg("leaseId", LeaseId),),
                 """Release a lease as soon as you are done with its entities, so other agents can take them. Do it
@@ -144,7 +189,7 @@ COORDINATION: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "list_leases",
-                15,
+                16,
                 "read",
                 (
                     Arg("entityId", LeaseEntity, None),
@@ -168,7 +213,7 @@ COORDINATION: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "send_message",
-                16,
+                17,
                 "write",
                 (
                     Arg("to", To),
@@ -193,7 +238,7 @@ COORDINATION: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "read_inbox",
-                17,
+                18,
                 "read",
                 (
                     Arg("since", InboxSince, 0),
@@ -217,7 +262,7 @@ COORDINATION: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "ack_messages",
-                18,
+                19,
                 "idempotent",
                 (Arg("messageIds", MessageIds),),
                 """Mark messages as read once you handled them, so read_inbox with unreadOnly skips them. Pass the
@@ -225,5 +270,40 @@ COORDINATION: tuple[Declared, ...] = (
                 you do not have is ignored. Unacked messages stay until their TTL, so ack what you acted on.""",
             ),
         ),
+    ),    Declared(
+        "mailbox.status",
+        StatusParams,
+        Receipt,
+        READ,
+        lambda s: s.coordination.status,
+        "How far a message the caller sent has got, per recipient.",
+        tools=(
+            Tool(
+                "message_status",
+                20,
+                "read",
+                (Arg("messageId", SentId),),
+                """See how far a message you sent has got, per recipient: when it was stored in their mailbox, pushed
+                to a live connection of theirs, surfaced in their context (a hook or a tool's notices) and acked. A
+                stage not reached yet is null. Fails with not found (-32004) for a message you did not send or that
+                expired.""",
+            ),
+        ),
+    ),
+    Declared(
+        "mailbox.surface",
+        SurfaceParams,
+        Notices,
+        WRITE,
+        lambda s: s.coordination.surface,
+        "The caller's unacked messages and alerts not surfaced yet, each once (every MCP tool result's notices).",
+    ),
+    Declared(
+        "hook.answer",
+        HookParams,
+        HookAnswer,
+        WRITE,
+        lambda s: s.coordination.hook_answer,
+        "The answer to an agent's hook (Claude Code, Gemini CLI): context, what is new, edit claims.",
     ),
 )

@@ -1,4 +1,4 @@
-"""The methods over the knowledge graph, declared: session.checkpoint, kg.upsert and bridge.*."""
+"""The methods over the knowledge graph, declared: session.checkpoint, kg.upsert and bridge.* (bridge.commit too)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,24 @@ from memento_sessions.api.args import (
 )
 from memento_sessions.api.spec import KG_WRITE, READ, WRITE, Arg, Declared, Tool
 from memento_sessions.api.steps import graph_write, handoff
-from memento_sessions.bridge.methods import IsolateParams, OutcomesParams, TransitionsParams
+from memento_sessions.bridge.methods import (
+    CommitParams,
+    HandoffParams,
+    IsolateParams,
+    OutcomesParams,
+    TransitionsParams,
+)
 from memento_sessions.checkpoints.methods import CheckpointParams
-from memento_sessions.client.results import Checkpoint, Handoff, Isolated, Outcomes, Transitions, Upserted
+from memento_sessions.client.results import (
+    Checkpoint,
+    Commit,
+    Handoff,
+    Isolated,
+    Outcomes,
+    Transitions,
+    Upserted,
+)
 from memento_sessions.kg.loader import UpsertParams
-from memento_sessions.sessions.methods import SessionParams
 
 GRAPH: tuple[Declared, ...] = (
     Declared(
@@ -105,11 +118,11 @@ GRAPH: tuple[Declared, ...] = (
     ),
     Declared(
         "bridge.handoff",
-        SessionParams,
+        HandoffParams,
         Handoff,
         READ,
         handoff,
-        "What to know before taking a session over, with its leases and open conflicts.",
+        "What to know before taking a session over, with its leases, open conflicts and freshness.",
         tools=(
             Tool(
                 "get_handoff_context",
@@ -145,5 +158,12 @@ GRAPH: tuple[Declared, ...] = (
                 sessions anchored on it, their average perfDelta and how many ended broken.""",
             ),
         ),
+    ),    Declared(
+        "bridge.commit",
+        CommitParams,
+        Commit,
+        READ,
+        lambda s: s.bridge.commit,
+        "The session that produced a commit, by its SHA or a prefix of it.",
     ),
 )

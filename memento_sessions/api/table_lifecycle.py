@@ -20,7 +20,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "diff_session",
-                20,
+                22,
                 "read",
                 (
                     Arg("sessionId", LifecycleSessionId),
@@ -44,7 +44,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "snapshot_session",
-                21,
+                23,
                 "idempotent",
                 (Arg("sessionId", LifecycleSessionId),),
                 """Save the session's condensed state at its current seq, so later reads and time travel to this point
@@ -62,7 +62,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "compact_session",
-                22,
+                24,
                 "destructive",
                 (
                     Arg("sessionId", LifecycleSessionId),
@@ -85,7 +85,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "fork_session",
-                23,
+                25,
                 "write",
                 (
                     Arg("sessionId", LifecycleSessionId),
@@ -109,7 +109,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "suspend_session",
-                24,
+                26,
                 "idempotent",
                 (Arg("sessionId", LifecycleSessionId),),
                 """Put a session you are pausing into long-term storage, whole and exact, instead of letting it expire.
@@ -128,7 +128,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "resume_session",
-                25,
+                27,
                 "idempotent",
                 (Arg("sessionId", LifecycleSessionId),),
                 """Bring a suspended session back to life with the same seqs and epoch, so agents and subscribers carry

@@ -27,6 +27,8 @@ from memento_sessions.api.spec import READ, WRITE, Arg, Declared, Tool
 from memento_sessions.api.steps import (
     fenced_batch,
     fenced_emit,
+    note_commits,
+    outcome,
     presence_enter,
     presence_exit,
     usage_fold,
@@ -135,7 +137,7 @@ SESSIONS: tuple[Declared, ...] = (
             ),
             Tool(
                 "get_session_at",
-                19,
+                21,
                 "read",
                 (
                     Arg("sessionId", LifecycleSessionId),
@@ -185,8 +187,10 @@ SESSIONS: tuple[Declared, ...] = (
         lambda s: s.sessions.emit,
         "Store one event of a session and publish it.",
         steps=(
+            outcome,
             fenced_emit,
             visit,
+            note_commits,
             usage_fold,
         ),
         tools=(
@@ -215,8 +219,10 @@ SESSIONS: tuple[Declared, ...] = (
         lambda s: s.sessions.emit_batch,
         "Store several events of a session at once, all or none.",
         steps=(
+            outcome,
             fenced_batch,
             visit,
+            note_commits,
             usage_fold_batch,
         ),
     ),

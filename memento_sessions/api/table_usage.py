@@ -19,7 +19,7 @@ USAGE: tuple[Declared, ...] = (
         tools=(
             Tool(
                 "usage",
-                26,
+                28,
                 "read",
                 (
                     Arg("sessionId", UsageSession, None),

@@ -8,9 +8,12 @@ from typing import Any, cast
 from memento_sessions.client.results import (
     Acked,
     Here,
+    HookAnswer,
     Inbox,
     Lease,
     LeaseList,
+    Notices,
+    Receipt,
     Released,
     Renewed,
     Roles,
@@ -69,3 +72,19 @@ class CoordinationMethods:
     async def ack_messages(self, message_ids: Sequence[str]) -> Acked:
         """`mailbox.ack`: {acked}; idempotent, so retried."""
         return cast(Acked, await self.call("mailbox.ack", {"messageIds": message_ids}, retry=True))
+
+    async def message_status(self, message_id: str) -> Receipt:
+        """`mailbox.status`: {messageId, recipients: [{agentId, stored, pushed, surfaced, acked}]} (ISO times or
+        None) of a message this agent sent."""
+        return cast(Receipt, await self.call("mailbox.status", {"messageId": message_id}, retry=True))
+
+    async def surface(self, limit: int | None = None) -> Notices:
+        """`mailbox.surface`: {notices}, the messages and alerts not surfaced to this agent yet, each once (not
+        retried: a lost reply's notices are not given again)."""
+        return cast(Notices, await self.call("mailbox.surface", compact(limit=limit)))
+
+    async def hook_answer(self, hook_input: Any, *, root: str | None = None, leases: str | None = None,
+                          claim_ttl: int | None = None) -> HookAnswer:
+        """`hook.answer`: {output}, the answer to one of the agent's hooks (docs/hooks.md)."""
+        params = {"input": hook_input, **compact(root=root, leases=leases, claimTtl=claim_ttl)}
+        return cast(HookAnswer, await self.call("hook.answer", params))

@@ -18,6 +18,7 @@ from memento_sessions.client.results import (
     AtView,
     Checkpoint,
     Cleared,
+    Commit,
     Compacted,
     Conversation,
     Created,
@@ -153,13 +154,19 @@ class Methods:
         async for event in self._follow("bridge.isolate", params, "events", "nextSince", "since"):
             yield event
 
-    async def handoff(self, session_id: str) -> Handoff:
-        """`bridge.handoff`: {sessionId, state, agentIds, recentChanges, kgContext, joiningAdvice, leases, ...}."""
-        return cast(Handoff, await self.call("bridge.handoff", {"sessionId": session_id}, retry=True))
+    async def handoff(self, session_id: str, *, head: str | None = None, dirty_digest: str | None = None) -> Handoff:
+        """`bridge.handoff`: {sessionId, state, agentIds, recentChanges, kgContext, joiningAdvice, leases, freshness,
+        ...}; given the receiver's git `head` (and `dirty_digest`), freshness says fresh, behind or diverged."""
+        params = compact(sessionId=session_id, head=head, dirtyDigest=dirty_digest)
+        return cast(Handoff, await self.call("bridge.handoff", params, retry=True))
 
     async def outcomes(self, cluster_id: str, days: int | None = None) -> Outcomes:
         """`bridge.outcomes`: {clusterName, specTitles, recentSessions, avgPerfDelta, brokenCount}."""
         return cast(Outcomes, await self.call("bridge.outcomes", compact(clusterId=cluster_id, days=days), retry=True))
+
+    async def commit(self, sha: str) -> Commit:
+        """`bridge.commit`: {sha, sessionId, seq, agentId, recordedAt} of the session that produced the commit."""
+        return cast(Commit, await self.call("bridge.commit", {"sha": sha}, retry=True))
 
     async def kg_upsert(self, nodes: Sequence[Mapping[str, Any]] | None = None,
                         edges: Sequence[Mapping[str, Any]] | None = None) -> Upserted:

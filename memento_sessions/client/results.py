@@ -22,7 +22,15 @@ _OPEN = ConfigDict(extra="allow")
 
 
 @with_config(_OPEN)
-class Created(TypedDict):
+class Noticed(TypedDict):
+    """What every MCP tool's result may add (the usage tool's aside): the caller's messages and conflict alerts
+    not surfaced to it yet (mailbox.surface). A JSON-RPC reply never carries it."""
+
+    notices: NotRequired[list[Json]]
+
+
+@with_config(_OPEN)
+class Created(Noticed):
     sessionId: str
     state: SessionState
     seq: int
@@ -32,7 +40,7 @@ class Created(TypedDict):
 
 
 @with_config(_OPEN)
-class Joined(TypedDict):
+class Joined(Noticed):
     sessionId: str
     agentIds: list[str]
     state: SessionState
@@ -40,7 +48,7 @@ class Joined(TypedDict):
 
 
 @with_config(_OPEN)
-class Emitted(TypedDict):
+class Emitted(Noticed):
     seq: int
     duplicate: bool
 
@@ -65,7 +73,7 @@ class SessionView(TypedDict):
 
 
 @with_config(_OPEN)
-class SessionDetail(TypedDict):
+class SessionDetail(Noticed):
     """A page of events (`events`, `nextSince` when more exist), or the condensed view (the other keys)."""
 
     session: SessionView
@@ -81,13 +89,13 @@ class SessionDetail(TypedDict):
 
 
 @with_config(_OPEN)
-class SessionList(TypedDict):
+class SessionList(Noticed):
     sessions: list[SessionView]
     nextCursor: NotRequired[str]
 
 
 @with_config(_OPEN)
-class Checkpoint(TypedDict):
+class Checkpoint(Noticed):
     checkpointId: str
     outcome: str
     brokeDuring: bool
@@ -113,7 +121,7 @@ class Transition(TypedDict):
 
 
 @with_config(_OPEN)
-class Transitions(TypedDict):
+class Transitions(Noticed):
     transitions: list[Transition]
     source: Source
 
@@ -126,18 +134,18 @@ class EntityImpact(TypedDict):
 
 
 @with_config(_OPEN)
-class Isolated(TypedDict):
+class Isolated(Noticed):
     agentId: str
     events: list[Json]
     nextSince: NotRequired[int]
     impacts: list[EntityImpact]
     totalPerfDelta: float
     source: Source
-    usage: Json  # the session's usage totals (usage.get)
+    usage: Json | None  # the agent's share of the session's usage totals; null when the session keeps none for it
 
 
 @with_config(_OPEN)
-class Handoff(TypedDict):
+class Handoff(Noticed):
     sessionId: str
     state: str
     agentIds: list[str]
@@ -148,10 +156,11 @@ class Handoff(TypedDict):
     leases: list[Json]  # live leases on the handoff's entities (coordination)
     openConflicts: list[Json]  # those held by agents outside the session
     usage: Json  # the session's usage totals (usage.get)
+    freshness: Json | None  # the agent's last recorded git state (bridge/freshness.py); null when none
 
 
 @with_config(_OPEN)
-class Outcomes(TypedDict):
+class Outcomes(Noticed):
     clusterName: str | None
     specTitles: list[str]
     recentSessions: list[Any]
@@ -161,12 +170,12 @@ class Outcomes(TypedDict):
 
 # coordination
 @with_config(_OPEN)
-class Here(TypedDict):
+class Here(Noticed):
     agents: list[Json]
 
 
 @with_config(_OPEN)
-class Lease(TypedDict):
+class Lease(Noticed):
     leaseId: str | None
     granted: bool
     conflicts: list[Json]
@@ -176,38 +185,63 @@ class Lease(TypedDict):
 
 
 @with_config(_OPEN)
-class Renewed(TypedDict):
+class Renewed(Noticed):
     leaseId: str
     expiresAt: str
 
 
 @with_config(_OPEN)
-class Released(TypedDict):
+class Released(Noticed):
     leaseId: str
     released: bool
 
 
 @with_config(_OPEN)
-class LeaseList(TypedDict):
+class LeaseList(Noticed):
     leases: list[Json]
     nextCursor: NotRequired[str]
 
 
 @with_config(_OPEN)
-class Sent(TypedDict):
+class Sent(Noticed):
     messageId: str
     recipients: list[str]
 
 
 @with_config(_OPEN)
-class Inbox(TypedDict):
+class Inbox(Noticed):
     messages: list[Json]
     nextSince: NotRequired[int]
 
 
 @with_config(_OPEN)
-class Acked(TypedDict):
+class Acked(Noticed):
     acked: int
+
+
+@with_config(_OPEN)
+class Receipt(Noticed):
+    messageId: str
+    recipients: list[Json]  # {agentId, stored, pushed, surfaced, acked}: each stage's first time, null until then
+
+
+@with_config(_OPEN)
+class Notices(TypedDict):
+    notices: list[Json]  # {kind: message|conflict|broke|fixed, messageId, from, subject, sentAt, body, truncated?}
+
+
+@with_config(_OPEN)
+class HookAnswer(TypedDict):
+    output: Json  # the hook's JSON output for the agent (docs/hooks.md)
+
+
+@with_config(_OPEN)
+class Commit(TypedDict):
+    sha: str
+    sessionId: str
+    seq: int
+    agentId: str
+    recordedAt: str
 
 
 # event sourcing and the lifecycle
@@ -220,7 +254,7 @@ class View(TypedDict):
 
 
 @with_config(_OPEN)
-class AtView(TypedDict):
+class AtView(Noticed):
     session: View
     atSeq: int
     events: int
@@ -232,7 +266,7 @@ class AtView(TypedDict):
 
 
 @with_config(_OPEN)
-class Diff(TypedDict):
+class Diff(Noticed):
     fromSeq: int
     toSeq: int
     stateFrom: str
@@ -247,14 +281,14 @@ class Diff(TypedDict):
 
 
 @with_config(_OPEN)
-class Snapshotted(TypedDict):
+class Snapshotted(Noticed):
     snapshotId: str
     seq: int
     createdAt: str
 
 
 @with_config(_OPEN)
-class Compacted(TypedDict):
+class Compacted(Noticed):
     snapshotId: str | None
     seq: int
     compactedSeq: int
@@ -263,7 +297,7 @@ class Compacted(TypedDict):
 
 
 @with_config(_OPEN)
-class Forked(TypedDict):
+class Forked(Noticed):
     sessionId: str
     parentSessionId: str
     forkedAtSeq: int
@@ -275,7 +309,7 @@ class Forked(TypedDict):
 
 
 @with_config(_OPEN)
-class Moved(TypedDict):
+class Moved(Noticed):
     sessionId: str
     status: Literal["active", "suspended", "archived"]
     seq: int
@@ -284,7 +318,7 @@ class Moved(TypedDict):
 
 # ingested conversations
 @with_config(_OPEN)
-class Conversation(TypedDict):
+class Conversation(Noticed):
     """One page of a thread's blocks and the bounded rest of the conversation state."""
 
     sessionId: str

@@ -1,4 +1,5 @@
-"""JSON-RPC methods of coordination (presence.*, lease.*, mailbox.*) and their params, declared in api/.
+"""JSON-RPC methods of coordination (presence.*, lease.*, mailbox.*, hook.answer) and their params, declared in
+api/.
 
 What coordination does around other methods (activity, presence moves, fencing, conflict alerts, the
 graph version) is in steps.py.
@@ -19,6 +20,8 @@ from pydantic import (
 )
 
 from memento_sessions.auth import MAX_ROLES, ROLE
+from memento_sessions.coordination.answers import HookAnswers
+from memento_sessions.coordination.hook_text import notice
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.methods import Params, SessionParams
@@ -63,7 +66,7 @@ class RolesParams(Params):
 class AcquireParams(Params):
     entityIds: list[EntityId] = Field(min_length=1, max_length=64)
     ttl: int = Field(ge=5, le=3600)
-    mode: Literal["exclusive", "shared"] = "exclusive"
+    mode: Literal["exclusive", "shared", "intent"] = "exclusive"
     sessionId: ClientId | None = None
     reason: ShortText | None = None
 
@@ -108,11 +111,27 @@ class AckParams(Params):
     messageIds: list[ClientId] = Field(min_length=1, max_length=1000)
 
 
+class StatusParams(Params):
+    messageId: ClientId
+
+
+class SurfaceParams(Params):
+    limit: int = Field(default=20, ge=1, le=100)
+
+
+class HookParams(Params):
+    input: JsonValue  # Claude Code's hook input as it came: anything malformed is answered `{}` and counted
+    root: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None  # the project root
+    leases: Literal["off", "warn", "enforce"] | None = None  # the lease policy (default MEMENTO_HOOK_LEASES)
+    claimTtl: int | None = Field(default=None, ge=0, le=3600)  # an edit's claim (default MEMENTO_HOOK_CLAIM_TTL)
+
+
 class CoordinationMethods:
-    """presence.*, lease.* and mailbox.* over the Coordination service."""
+    """presence.*, lease.*, mailbox.* and hook.answer over the Coordination service."""
 
     def __init__(self, coord: Coordination) -> None:
         self.coord = coord
+        self.answers = HookAnswers(coord)
 
     async def presence_get(self, call: Call, p: SessionParams) -> Result:
         return {"agents": await self.coord.presence.agents(call.identity.namespace, p.sessionId)}
@@ -121,7 +140,7 @@ class CoordinationMethods:
         return await self.coord.presence.set_roles(call.identity, p.roles)
 
     async def acquire(self, call: Call, p: AcquireParams) -> Result:
-        return await self.coord.leases.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
+        return await self.coord.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
 
     async def renew(self, call: Call, p: RenewParams) -> Result:
         return await self.coord.leases.renew(call.identity, p.leaseId, p.ttl)
@@ -140,3 +159,13 @@ class CoordinationMethods:
 
     async def ack(self, call: Call, p: AckParams) -> Result:
         return await self.coord.mailbox.ack(call.identity, p.messageIds)
+
+    # What brings the swarm back into an agent's context: receipts, notices, the hooks' answers.
+    async def status(self, call: Call, p: StatusParams) -> Result:
+        return await self.coord.mailbox.receipts.status(call.identity, p.messageId)
+
+    async def surface(self, call: Call, p: SurfaceParams) -> Result:
+        return {"notices": [notice(message) for message in await self.coord.mailbox.surface(call.identity, p.limit)]}
+
+    async def hook_answer(self, call: Call, p: HookParams) -> Result:
+        return {"output": await self.answers.answer(call.identity, p.input, p.root, p.leases, p.claimTtl)}

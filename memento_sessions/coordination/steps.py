@@ -4,8 +4,9 @@ steps run around which method, in order, composed once at start.
 - `activity`: every method notes its caller as active (presence, liveness) and known to the mailbox;
 - `presence_enter` / `presence_exit`: session.join and .subscribe, .leave and .unsubscribe move presence;
 - `visit`: a join or emit makes its agent present in the session however it came (MCP, the hook, ingest);
-- `fenced_emit` / `fenced_batch`: event.emit and .emitBatch sync fencing marks before the write, and report
-  and alert conflicts after it;
+- `outcome`: an emitted break or fix tells the agents that lease what its session changed (outcomes.py);
+- `fenced_emit` / `fenced_batch`: event.emit and .emitBatch check a task's completion against its claim and
+  sync fencing marks before the write (tasks.py), and report and alert conflicts after it;
 - `graph_write`: a graph write (kg.upsert) replaces the graph version lease grants check coverage against.
 """
 
@@ -17,7 +18,9 @@ from typing import Any
 
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import touched
+from memento_sessions.coordination.outcomes import outcome_state
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.coordination.tasks import check_completions
 from memento_sessions.errors import Conflict, Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
@@ -73,6 +76,25 @@ def visit(coord: Coordination, inner: Handler) -> Handler:
     return handler
 
 
+def outcome(coord: Coordination, inner: Handler) -> Handler:
+    """event.emit and .emitBatch: an emitted break or fix tells the agents that lease what its session changed
+    (outcomes.py)."""
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        events = [params.event] if hasattr(params, "event") else params.events
+        seqs = [result["seq"]] if "seq" in result else result["seqs"]
+        duplicates = set(result.get("duplicates", ())) | ({result["seq"]} if result.get("duplicate") else set())
+        stored = [(seq, event) for seq, event in zip(seqs, events, strict=True)
+                  if seq not in duplicates and outcome_state(event)]
+        if stored:
+            try:
+                await coord.outcomes.after(call.identity, params.sessionId, stored)
+            except UNAVAILABLE as exc:  # the emit is stored: its reply must not fail
+                log.warning("outcome not told to the holders", error=repr(exc))
+        return result
+    return handler
+
+
 def fenced(events: list[EventIn]) -> list[str]:
     """The entities of the events that carry a fencing token."""
     return sorted({entity for event in events if event.fencingToken is not None and event.changeInfo
@@ -81,11 +103,13 @@ def fenced(events: list[EventIn]) -> list[str]:
 
 async def write_fenced(coord: Coordination, call: Call, session_id: str, events: list[EventIn],
                        write: Callable[[], Awaitable[Result]]) -> Result:
-    """Run an emit after syncing the session's fencing marks; a stale token is counted."""
+    """Run an emit after checking a task's completion against its claim and syncing the session's fencing marks;
+    a stale token is counted."""
     entities = fenced(events)
-    if entities:
-        await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
     try:
+        await check_completions(coord.leases, call.identity.namespace, events)  # a task's claim fences its end
+        if entities:
+            await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
         return await write()
     except Conflict as exc:
         if isinstance(exc.data, dict) and exc.data.get("reason") == Reason.STALE_LEASE:
