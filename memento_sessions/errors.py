@@ -20,11 +20,38 @@ MementoError
 Driver errors become BackendUnavailable in one place, memento_sessions.backends (`translated`, UNAVAILABLE;
 a Redis Cluster of which no node answers is one of them, ClusterUnreachable there).
 The client's own errors (a lost connection, a request timeout ...) are in memento_sessions.client.errors.
+`Reason` lists every `data.reason` a client may branch on.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any
+
+
+class Reason(StrEnum):
+    """Every `data.reason` an error may carry: what a client branches on, beside the code. The Lua libraries
+    write some of them in their `FULL <reason>` replies (tests/test_reasons.py keeps the two lists equal)."""
+
+    SESSION_FULL = "session_full"  # -32009: the session holds MEMENTO_SESSION_MAX_EVENTS events
+    NAMESPACE_FULL = "namespace_full"  # -32009: the namespace holds MEMENTO_NAMESPACE_MAX_SESSIONS live sessions
+    STALE_LEASE = "stale_lease"  # -32009: an event's fencingToken is older than a newer grant on its entities
+    LEASE_LIMIT = "lease_limit"  # -32009: the namespace holds MEMENTO_LEASE_MAX live leases
+    ENTITY_HOLDS = "entity_holds"  # -32009: an entity already has MEMENTO_LEASE_MAX_HOLDS live holds
+    LEASE_TOO_LARGE = "lease_too_large"  # -32009: the entities and what they contain pass MEMENTO_LEASE_MAX_COVERED
+    MAILBOX_LIMIT = "mailbox_limit"  # -32009: the namespace holds MEMENTO_MAILBOXES_MAX mailboxes
+    ID_TAKEN = "id_taken"  # -32009: a message id already used for another message
+    COMPACTED = "compacted"  # -32009: the events asked for were compacted away (data.compactedSeq)
+    BUSY = "busy"  # -32009 or -32029: another write or too many heavy requests; try again
+    ACTIVE = "active"  # -32009: the session is live in Redis, not suspended
+    SUSPENDED = "suspended"  # -32009: the session is suspended (resume it first)
+    COMPLETED = "completed"  # -32009: the session is completed
+    ARCHIVED = "archived"  # -32009: the session is archived, its events gone
+    FORK_DEPTH = "fork_depth"  # -32009: a fork of a fork past MEMENTO_FORK_MAX_DEPTH
+    TOO_MANY_SUBSCRIPTIONS = "too_many_subscriptions"  # -32009: the connection's subscription limit
+    TOO_MANY_MCP_SESSIONS = "too_many_mcp_sessions"  # -32029: the identity's MCP session quota
+    OUT_OF_MEMORY = "outOfMemory"  # -32050: Redis at its maxmemory refuses writes
+    REPLICA_ACK_TIMEOUT = "replica_ack_timeout"  # -32050: too few replicas acknowledged the write in time
 
 
 class MementoError(Exception):

@@ -6,7 +6,7 @@ one request frame into one response frame, so every method answers the same way 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -22,6 +22,7 @@ from memento_sessions.errors import (
     InvalidRequest,
     MethodNotFound,
     ParseError,
+    Reason,
     RpcError,
 )
 from memento_sessions.logs import get_logger
@@ -31,6 +32,8 @@ from memento_sessions.ratelimit import TokenBucket
 log = get_logger(__name__)
 P = TypeVar("P", bound=BaseModel)
 Result = dict[str, Any]
+Handler = Callable[["Call", Any], Awaitable[Result]]  # a method's handler: (caller, validated params) -> result
+ConnectHook = Callable[["Call"], Awaitable[None]]
 
 
 class Peer(Protocol):
@@ -67,13 +70,13 @@ class Method(Generic[P]):
 
 
 class Registry:
-    """The method table shared by every transport."""
+    """The method table shared by every transport; api/ fills it once at start (`api.build.registry`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_connect: Sequence[ConnectHook] = ()) -> None:
+        """`on_connect`: run for each new connection before it is accepted (coordination: presence and the
+        agent's pushes), so a client that never sends a request is present and gets its pushes at once."""
         self.methods: dict[str, Method[Any]] = {}
-        # Run for each new connection before it is accepted (coordination: presence and the agent's pushes),
-        # so a client that never sends a request is present and gets its pushes from the moment it connects.
-        self.on_connect: list[Callable[[Call], Awaitable[None]]] = []
+        self.on_connect = tuple(on_connect)
 
     async def connected(self, call: Call) -> None:
         """Run the connect hooks for a new connection, in the order they were added."""
@@ -82,7 +85,9 @@ class Registry:
 
     def add(self, name: str, params: type[P], handler: Callable[[Call, P], Awaitable[Result]],
             scope: str = "sessions:read") -> None:
-        """Register `handler` under `name`."""
+        """Register `handler` under `name`; a name registered twice is an error at start, never a replacement."""
+        if name in self.methods:
+            raise ValueError(f"method {name!r} is registered twice")
         self.methods[name] = Method(name, params, handler, scope)
 
     async def call(self, call: Call, name: str, raw_params: Any, request_id: Any = None) -> Result:
@@ -126,7 +131,7 @@ def unavailable(exc: BaseException, call: Call, method: str, request_id: Any) ->
                 conn_id=call.peer.conn_id if call.peer else None, error=_cause(exc))
     if out_of_memory(exc):
         return BackendUnavailable(f"backend out of memory: {BACKENDS[backend]} refuses writes",
-                                  {"backend": backend, "reason": "outOfMemory"})
+                                  {"backend": backend, "reason": Reason.OUT_OF_MEMORY})
     data = {"backend": backend}
     if isinstance(exc, BackendUnavailable) and isinstance(exc.data, dict) and "reason" in exc.data:
         data["reason"] = exc.data["reason"]  # e.g. replica_ack_timeout: the write may not survive a failover

@@ -162,7 +162,7 @@ async def test_two_hundred_requests_in_flight_on_one_connection(daemon: Daemon, 
         replies: dict[int, dict[str, Any]] = {}
 
         async def emit(i: int) -> None:
-            replies[i] = await alice.emit(sid, {"type": "modified", "id": f"c{i}"})
+            replies[i] = dict(await alice.emit(sid, {"type": "modified", "id": f"c{i}"}))
 
         assert alice.connection is not None and daemon.gateway is not None
         alice.connection.transport.pause_reading()  # no reply gets through until all 200 are applied

@@ -22,6 +22,7 @@ RANKS: list[set[str]] = [
     {"kg"},
     {"checkpoints", "coordination"},
     {"bridge"},
+    {"api"},  # every method declared once: binds the rooms' methods, read by the transports
     {"ws", "mcp"},
     {"server"},
     {"cli"},

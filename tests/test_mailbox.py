@@ -178,7 +178,8 @@ async def test_the_coordination_tools_return_their_methods_results_in_their_decl
         daemon: Daemon, namespace: str) -> None:
     """Every coordination tool over /mcp: its reply equals the WebSocket method's, matches its outputSchema, and
     every key the eight schemas declare is seen."""
-    from memento_sessions.mcp.tools_coordination import NAMES
+    from memento_sessions.api.table_coordination import COORDINATION
+    NAMES = {tool.name for declared in COORDINATION for tool in declared.tools}
     from tests.test_mcp import check_shape, declared_keys, ok, over_http, steady
 
     seen: set[str] = set()

@@ -27,13 +27,13 @@ from mcp_types import CallToolResult
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
+from memento_sessions.api.table_coordination import COORDINATION as COORDINATION_METHODS
+from memento_sessions.api.table_lifecycle import LIFECYCLE as LIFECYCLE_METHODS
 from memento_sessions.bridge.methods import IsolateParams
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import ConfigError
 from memento_sessions.mcp.http import serve_mcp
 from memento_sessions.mcp.tools import build_server
-from memento_sessions.mcp.tools_coordination import NAMES as COORDINATION
-from memento_sessions.mcp.tools_lifecycle import NAMES as LIFECYCLE
 from memento_sessions.rpc import Registry
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.methods import GetParams, ListParams
@@ -42,6 +42,8 @@ from tests.helpers import SECRET, falkordb_url, make_settings, token
 from tests.rpcsocket import RpcSocket, rpc
 
 pytestmark = pytest.mark.anyio
+COORDINATION = {tool.name for declared in COORDINATION_METHODS for tool in declared.tools}
+LIFECYCLE = {tool.name for declared in LIFECYCLE_METHODS for tool in declared.tools} | {"get_session_at"}
 
 TOOLS = {"create_session", "join_session", "emit_event", "get_session", "list_sessions", "checkpoint_session",
          "get_transitions", "isolate_session", "get_handoff_context", "session_outcomes", "get_conversation",

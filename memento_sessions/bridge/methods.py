@@ -1,7 +1,8 @@
-"""JSON-RPC methods over the SessionBridge: bridge.transitions, .isolate, .handoff, .outcomes and .commit.
+"""JSON-RPC methods over the SessionBridge: bridge.transitions, .isolate, .handoff, .outcomes and .commit (declared
+in api/).
 
-bridge.commit reads the commit index (commits.py), which the emit methods feed: they are wrapped here so
-that each stored `commit` event is noted once its write succeeded."""
+bridge.commit reads the commit index (commits.py), which the emit methods feed through their declared step
+`note_commits`: each stored `commit` event is noted once its write succeeded."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pydantic import Field, StringConstraints, model_validator
 
 from memento_sessions.bridge.bridge import SessionBridge
 from memento_sessions.bridge.commits import Commits, commit_sha
-from memento_sessions.rpc import Call, Method, Registry, Result
+from memento_sessions.rpc import Call, Handler, Result
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import ClientId, EntityId, Seq
 from memento_sessions.usage.query import agent_share, session_totals
@@ -47,60 +48,50 @@ class OutcomesParams(Params):
     days: int = Field(default=7, ge=1, le=365)
 
 
-def register(registry: Registry, bridge: SessionBridge) -> None:
-    """Add the bridge methods to the registry; each reads only the caller's namespace."""
+class BridgeMethods:
+    """The bridge methods; each reads only the caller's namespace."""
 
-    async def transitions(call: Call, p: TransitionsParams) -> Result:
-        return await bridge.transitions(call.identity.namespace, p.sessionId, p.entityId)
+    def __init__(self, bridge: SessionBridge) -> None:
+        self.bridge = bridge
+        self.commits = Commits(bridge.manager.redis, bridge.manager.settings.commits_max)
 
-    async def isolate(call: Call, p: IsolateParams) -> Result:
-        result = await bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
-        share = await agent_share(bridge.manager.redis, call.identity.namespace, p.sessionId, p.agentId,
-                                  bridge.manager.settings.usage_agents_per_session)
+    async def transitions(self, call: Call, p: TransitionsParams) -> Result:
+        return await self.bridge.transitions(call.identity.namespace, p.sessionId, p.entityId)
+
+    async def isolate(self, call: Call, p: IsolateParams) -> Result:
+        """The agent's events and impacts, with its share of the session's usage (null when none is kept)."""
+        result = await self.bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
+        manager = self.bridge.manager
+        share = await agent_share(manager.redis, call.identity.namespace, p.sessionId, p.agentId,
+                                  manager.settings.usage_agents_per_session)
         return {**result, "usage": share["totals"] if share is not None else None}
 
-    async def handoff(call: Call, p: HandoffParams) -> Result:
-        result = await bridge.handoff(call.identity.namespace, p.sessionId, p.head, p.dirtyDigest)
-        return {**result, "usage": (await session_totals(bridge.manager.redis, call.identity.namespace,
-                                                         p.sessionId))["totals"]}
+    async def handoff(self, call: Call, p: HandoffParams) -> Result:
+        result = await self.bridge.handoff(call.identity.namespace, p.sessionId, p.head, p.dirtyDigest)
+        return {**result, "usage": await self.usage(call, p.sessionId)}
 
-    async def outcomes(call: Call, p: OutcomesParams) -> Result:
-        return await bridge.outcomes(call.identity.namespace, p.clusterId, p.days)
+    async def outcomes(self, call: Call, p: OutcomesParams) -> Result:
+        return await self.bridge.outcomes(call.identity.namespace, p.clusterId, p.days)
 
-    registry.add("bridge.transitions", TransitionsParams, transitions, "sessions:read")
-    registry.add("bridge.isolate", IsolateParams, isolate, "sessions:read")
-    registry.add("bridge.handoff", HandoffParams, handoff, "sessions:read")
-    registry.add("bridge.outcomes", OutcomesParams, outcomes, "sessions:read")
-    commits = Commits(bridge.manager.redis, bridge.manager.settings.commits_max)
+    async def commit(self, call: Call, p: CommitParams) -> Result:
+        return await self.commits.find(call.identity.namespace, p.sha)
 
-    async def commit(call: Call, p: CommitParams) -> Result:
-        return await commits.find(call.identity.namespace, p.sha)
-
-    registry.add("bridge.commit", CommitParams, commit, "sessions:read")
-    note_commits(registry, commits)
+    async def usage(self, call: Call, session_id: str) -> Result:
+        """The session's usage totals (usage.get), which handoff carries."""
+        found = await session_totals(self.bridge.manager.redis, call.identity.namespace, session_id)
+        totals: Result = found["totals"]
+        return totals
 
 
-def note_commits(registry: Registry, commits: Commits) -> None:
-    """Wrap event.emit and event.emitBatch: each `commit` event they store is noted in the commit index."""
-    emit, batch = registry.methods.get("event.emit"), registry.methods.get("event.emitBatch")
-
-    async def emitted(call: Call, p: Any) -> Result:
-        assert emit is not None
-        result = await emit.handler(call, p)
-        if (sha := commit_sha(p.event)) and not result.get("duplicate"):
-            await commits.note(call.identity.namespace, p.sessionId, result["seq"], sha, call.identity.agent_id)
-        return result
-
-    async def batched(call: Call, p: Any) -> Result:
-        assert batch is not None
-        result = await batch.handler(call, p)
-        duplicates = set(result.get("duplicates", ()))
-        for seq, event in zip(result["seqs"], p.events, strict=True):
+def note_commits(commits: Commits, inner: Handler) -> Handler:
+    """event.emit and .emitBatch: each `commit` event they stored (not a duplicate) noted in the commit index."""
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        events = [params.event] if hasattr(params, "event") else params.events
+        seqs = [result["seq"]] if "seq" in result else result["seqs"]
+        duplicates = set(result.get("duplicates", ())) | ({result["seq"]} if result.get("duplicate") else set())
+        for seq, event in zip(seqs, events, strict=True):
             if (sha := commit_sha(event)) and seq not in duplicates:
-                await commits.note(call.identity.namespace, p.sessionId, seq, sha, call.identity.agent_id)
+                await commits.note(call.identity.namespace, params.sessionId, seq, sha, call.identity.agent_id)
         return result
-
-    if emit is not None:
-        registry.methods["event.emit"] = Method(emit.name, emit.params, emitted, emit.scope)
-    if batch is not None:
-        registry.methods["event.emitBatch"] = Method(batch.name, batch.params, batched, batch.scope)
+    return handler

@@ -13,7 +13,7 @@ epoch; it is written to Redis before its anchor names it and stays there until P
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -22,7 +22,6 @@ from typing import Any
 import anyio
 import pydantic_core
 from anyio.abc import TaskGroup
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE, Backends
@@ -30,6 +29,7 @@ from memento_sessions.checkpoints.aggregate import Summary, aggregate
 from memento_sessions.checkpoints.anchors import write_anchor
 from memento_sessions.checkpoints.pending import Pending, PendingSnapshots
 from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
+from memento_sessions.checkpoints.triggers import Triggers
 from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
@@ -42,11 +42,10 @@ from memento_sessions.metrics import (
 )
 from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
-from memento_sessions.sessions.manager import Emitted, SessionManager, now_ms
+from memento_sessions.sessions.manager import SessionManager, now_ms
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
-QUEUE_SIZE = 1024
 WORKERS = 4
 LOCK_TTL = 30.0
 DRAIN_SECONDS = 5.0
@@ -95,21 +94,19 @@ class Checkpointer:
     """
 
     def __init__(self, settings: Settings, backends: Backends, manager: SessionManager, graphs: Graphs,
-                 snapshots: Snapshots) -> None:
+                 snapshots: Snapshots, triggers: Triggers | None = None) -> None:
+        """`triggers`: the queue the manager fills on emits (passed to it as `on_emitted`); without it, only
+        `session.checkpoint` runs checkpoints."""
         self.settings, self.backends, self.manager = settings, backends, manager
         self.graphs, self.snapshots = graphs, snapshots
         self.pending = PendingSnapshots(backends.redis, settings.snapshot_max_age_days * 86_400)
-        send, receive = anyio.create_memory_object_stream[tuple[str, str]](QUEUE_SIZE)
-        self._send: MemoryObjectSendStream[tuple[str, str]] = send
-        self._receive: MemoryObjectReceiveStream[tuple[str, str]] = receive
-        self._queued: set[tuple[str, str]] = set()
+        self.triggers = triggers or Triggers(settings.checkpoint_every)
         self._tg: TaskGroup | None = None
         self.in_flight = 0
-        manager.listeners.append(self.on_emitted)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Work through queued checkpoints with a few workers, forever; the queue is closed when they stop."""
-        with self._send, self._receive:
+        with self.triggers.send, self.triggers.receive:
             await self._run(task_status)
 
     async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
@@ -147,29 +144,9 @@ class Checkpointer:
             delay = FLUSH_EVERY if stored is not None else min(delay * 2, FLUSH_MAX_DELAY)
             await anyio.sleep(delay)
 
-    def on_emitted(self, namespace: str, session_id: str, done: Sequence[Emitted]) -> None:
-        """Queue a checkpoint when an emit crossed a multiple of N or carried a `checkpoint` event."""
-        every = self.settings.checkpoint_every
-        if any(not e.duplicate and (e.seq % every == 0 or e.event.type == "checkpoint") for e in done):
-            self.request(namespace, session_id)
-
-    def request(self, namespace: str, session_id: str) -> None:
-        """Queue a checkpoint; a full queue drops it (the next checkpoint covers its window)."""
-        key = (namespace, session_id)
-        if key in self._queued:
-            return
-        try:
-            self._send.send_nowait(key)
-        except anyio.WouldBlock:
-            log.warning("checkpoint queue full; trigger dropped", session_id=session_id)
-            return
-        except anyio.ClosedResourceError:
-            return  # the daemon is stopping: the next daemon's checkpoint covers the window
-        self._queued.add(key)
-
     async def _worker(self) -> None:
-        async for namespace, session_id in self._receive:
-            self._queued.discard((namespace, session_id))
+        async for namespace, session_id in self.triggers.receive:
+            self.triggers.queued.discard((namespace, session_id))
             try:
                 await self.checkpoint(namespace, session_id)
             except NotFound:
@@ -276,7 +253,7 @@ class Checkpointer:
     async def drain(self) -> None:
         """Wait (at most DRAIN_SECONDS) for queued and running checkpoints before shutdown."""
         with anyio.move_on_after(DRAIN_SECONDS):
-            while self._queued or self.in_flight:  # noqa: ASYNC110 - workers signal nothing cheaper
+            while self.triggers.queued or self.in_flight:  # noqa: ASYNC110 - workers signal nothing cheaper
                 await anyio.sleep(0.02)
 
 

@@ -1,9 +1,9 @@
-"""JSON-RPC method of the checkpointer: session.checkpoint."""
+"""JSON-RPC method of the checkpointer: session.checkpoint (declared in api/)."""
 
 from __future__ import annotations
 
 from memento_sessions.checkpoints.checkpointer import Checkpointer
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.methods import SessionParams
 
 
@@ -11,10 +11,11 @@ class CheckpointParams(SessionParams):
     final: bool = False
 
 
-def register(registry: Registry, checkpointer: Checkpointer) -> None:
-    """Add session.checkpoint to the registry."""
+class CheckpointMethods:
+    """`session.checkpoint` over the daemon's one Checkpointer."""
 
-    async def checkpoint(call: Call, p: CheckpointParams) -> Result:
-        return await checkpointer.checkpoint(call.identity.namespace, p.sessionId, p.final)
+    def __init__(self, checkpointer: Checkpointer) -> None:
+        self.checkpointer = checkpointer
 
-    registry.add("session.checkpoint", CheckpointParams, checkpoint, "sessions:write")
+    async def checkpoint(self, call: Call, p: CheckpointParams) -> Result:
+        return await self.checkpointer.checkpoint(call.identity.namespace, p.sessionId, p.final)

@@ -7,7 +7,10 @@ the client has reconnected (with jittered exponential backoff), and every subscr
 last seq it delivered, with the last epoch it saw. Design notes: docs/client.md.
 
 core.py      Client: the connection, its reader, reconnect and restore, requests, subscription bookkeeping
-methods.py   the typed methods of the API (create_session, emit, get, ...), which Client inherits
+methods.py   the typed methods of the session, lifecycle, bridge and graph methods (create_session, emit, get,
+             fork, ...), and rpc.discover, which Client inherits
+coordination.py  the typed methods of presence, leases and the mailbox, which Client inherits
+results.py   what every method returns, as TypedDicts (the daemon's api/ declares the same ones)
 feeds.py     Subscription and Watch, the bounded notification queues a Client hands out, their states
              (Phase, Link), and Event
 errors.py    the exceptions (hierarchy in its docstring); JSON-RPC error codes mapped to RpcError subclasses

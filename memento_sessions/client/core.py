@@ -21,6 +21,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from memento_sessions.client.backoff import RETRIES, backoff_delay
+from memento_sessions.client.coordination import CoordinationMethods
 from memento_sessions.client.errors import (
     ClientClosed,
     ConnectionLost,
@@ -49,7 +50,7 @@ def refusal_reason(body: bytes | bytearray | None) -> str:
     return str(reason) if reason else (text[:200] or "no reason given")
 
 
-class Client(Methods):
+class Client(Methods, CoordinationMethods):
     """An async client of one daemon's `/ws`: `async with Client(url, token) as client: ...`."""
 
     def __init__(self, url: str, token: str | Callable[[], str], *, reconnect: bool = True,

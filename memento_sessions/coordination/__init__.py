@@ -3,6 +3,7 @@ what reaches an agent's context: the answers of Claude Code's hooks (answers.py,
 fixes (outcomes.py), delivery receipts (receipts.py).
 
 Holds its own Redis Function library (coordination.lua, loaded beside the sessions library), the
-services over it and their JSON-RPC methods (docs/coordination.md). May import the shared ground,
-`redisio/`, `sessions/` and `kg/`; `bridge/`, `ws/`, `mcp/` and `server/` build on it.
+services over it, their JSON-RPC methods (methods.py, declared in api/) and the steps that run around
+other methods (steps.py: activity, presence, fencing, conflict alerts; docs/coordination.md). May import
+the shared ground, `redisio/`, `sessions/` and `kg/`; `bridge/`, `api/`, `ws/`, `mcp/` and `server/` build on it.
 """

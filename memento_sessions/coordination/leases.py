@@ -18,7 +18,7 @@ from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.coverage import NO_GRAPH, Coverage, Pairs
 from memento_sessions.coordination.store import CoordStore
-from memento_sessions.errors import BackendUnavailable, Conflict
+from memento_sessions.errors import BackendUnavailable, Conflict, Reason
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
@@ -115,7 +115,7 @@ class Leases:
             LEASE_ACQUIRES.labels("lease_too_large").inc()
             raise Conflict(f"lease too large: the entities and what they contain are more than {cap} "
                            "(MEMENTO_LEASE_MAX_COVERED); lease fewer at a time",
-                           {"reason": "lease_too_large", "field": "entityIds", "max": cap})
+                           {"reason": Reason.LEASE_TOO_LARGE, "field": "entityIds", "max": cap})
         return pairs
 
     def _reply(self, reply: Result, lease_id: str, pairs: Pairs) -> Result:

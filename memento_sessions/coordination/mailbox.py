@@ -25,7 +25,7 @@ from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.receipts import Receipts
 from memento_sessions.coordination.store import CoordStore
-from memento_sessions.errors import Conflict, InvalidParams, NotFound
+from memento_sessions.errors import Conflict, InvalidParams, NotFound, Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import MAILBOX_DROPPED, MAILBOX_MESSAGES, MAILBOX_REFUSED
 from memento_sessions.redisio.fanout import Fanout
@@ -188,7 +188,7 @@ class Mailbox:
         if reply == "TAKEN":
             TAKEN.inc()
             raise Conflict(f"message id {message.message_id!r} is used by another sender; nothing was sent",
-                           {"reason": "id_taken", "messageId": message.message_id})
+                           {"reason": Reason.ID_TAKEN, "messageId": message.message_id})
         if str(reply).startswith("UNKNOWN "):
             UNKNOWN.inc()
             raise InvalidParams("invalid params", [{"field": "to", "message": (

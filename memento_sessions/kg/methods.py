@@ -1,18 +1,19 @@
-"""JSON-RPC method of the knowledge graph: kg.upsert."""
+"""JSON-RPC method of the knowledge graph: kg.upsert (declared in api/)."""
 
 from __future__ import annotations
 
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.kg.loader import UpsertParams, upsert
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Result
 
 
-def register(registry: Registry, graphs: Graphs) -> None:
-    """Add kg.upsert to the registry."""
+class GraphMethods:
+    """`kg.upsert` over the daemon's one Graphs."""
 
-    async def kg_upsert(call: Call, p: UpsertParams) -> Result:
-        graph = await graphs.get(call.identity.namespace)
+    def __init__(self, graphs: Graphs) -> None:
+        self.graphs = graphs
+
+    async def upsert(self, call: Call, p: UpsertParams) -> Result:
+        graph = await self.graphs.get(call.identity.namespace)
         nodes, edges = await upsert(graph, p.nodes, p.edges)
         return {"nodes": nodes, "edges": edges}
-
-    registry.add("kg.upsert", UpsertParams, kg_upsert, "kg:write")

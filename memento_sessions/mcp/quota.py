@@ -19,6 +19,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from memento_sessions.errors import Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import MCP_SESSION_LIMIT
 
@@ -96,7 +97,7 @@ class SessionQuota:
         message = (f"too many MCP sessions: agent {owner[1]!r} has {self.per_agent} open, each with a request in "
                    "flight (MEMENTO_MCP_MAX_SESSIONS); end one (HTTP DELETE) or wait for one to go idle")
         body = {"jsonrpc": "2.0", "id": None, "error": {"code": -32009, "message": message,
-                                                        "data": {"reason": "too_many_mcp_sessions",
+                                                        "data": {"reason": Reason.TOO_MANY_MCP_SESSIONS,
                                                                  "limit": self.per_agent}}}
         return JSONResponse(body, status_code=503)
 

@@ -34,7 +34,7 @@ from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from memento_sessions.errors import BackendUnavailable
+from memento_sessions.errors import BackendUnavailable, Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import REDIS_SPIN_MISSES, REDIS_SPINS
 from memento_sessions.redisio.resp import Address, connect, pack
@@ -58,7 +58,7 @@ def replicas_behind(acks: Acks, acked: int) -> BackendUnavailable:
     failover, so the call is unavailable (-32050, data.reason replica_ack_timeout) and retried (an event `id`
     makes the retry safe)."""
     return BackendUnavailable(f"redis: {acked} of {acks.replicas} replicas acknowledged within {acks.timeout_ms} ms",
-                              {"backend": "redis", "reason": "replica_ack_timeout"})
+                              {"backend": "redis", "reason": Reason.REPLICA_ACK_TIMEOUT})
 
 
 async def call_acked(redis: Any, pipe: Pipe | None, acks: Acks, *command: str | int | float) -> Any:

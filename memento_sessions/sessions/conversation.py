@@ -20,7 +20,7 @@ from memento_sessions.errors import NotFound
 from memento_sessions.ingest import Conversation
 from memento_sessions.ingest.events import cut, encoded_size
 from memento_sessions.metrics import REPLY_PAGES
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.models import ClientId
 from memento_sessions.sessions.paging import CHUNK, Page, page_bytes, seq_of
 
@@ -121,12 +121,12 @@ def conversation_reply(state: Conversation, p: ConversationParams, budget: int) 
     return reply
 
 
-def register(registry: Registry, manager: SessionManager) -> None:
-    """Add `session.conversation` to the registry."""
-    budget = page_bytes(manager.settings.ws_send_buffer)
+class ConversationMethods:
+    """`session.conversation` over the manager (declared in api/)."""
 
-    async def conversation(call: Call, p: ConversationParams) -> Result:
-        _, folder = await fold(manager, call.identity.namespace, p.sessionId)
-        return conversation_reply(folder.state, p, budget)
+    def __init__(self, manager: SessionManager) -> None:
+        self.manager, self.budget = manager, page_bytes(manager.settings.ws_send_buffer)
 
-    registry.add("session.conversation", ConversationParams, conversation, "sessions:read")
+    async def conversation(self, call: Call, p: ConversationParams) -> Result:
+        _, folder = await fold(self.manager, call.identity.namespace, p.sessionId)
+        return conversation_reply(folder.state, p, self.budget)

@@ -16,7 +16,7 @@ import pydantic_core
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
-from memento_sessions.errors import Conflict, InvalidParams, NotFound
+from memento_sessions.errors import Conflict, InvalidParams, NotFound, Reason
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.sessions.condense import state_after
 from memento_sessions.sessions.lifecycle import Lifecycle, frames
@@ -91,12 +91,12 @@ async def fork(lifecycle: Lifecycle, who: Identity, session_id: str, at_seq: int
     depth, limit = int(fields.get("forkDepth") or 0) + 1, lifecycle.manager.settings.fork_max_depth
     if depth > limit:
         raise Conflict(f"a fork of this session would be {depth} forks deep; at most {limit} "
-                       "(MEMENTO_FORK_MAX_DEPTH)", {"reason": "fork_depth"})
+                       "(MEMENTO_FORK_MAX_DEPTH)", {"reason": Reason.FORK_DEPTH})
     base_seq = min(compacted, at_seq)
     base = await parent.snapshot(base_seq) if base_seq else None
     if base_seq and base is None:
         raise Conflict(f"events up to {compacted} were compacted; no snapshot at seq {at_seq}",
-                       {"reason": "compacted", "compactedSeq": compacted})
+                       {"reason": Reason.COMPACTED, "compactedSeq": compacted})
     sid = new_id or f"sess-{uuid.uuid4()}"
     fork_fields = fork_hash(lifecycle, who, fields, session_id, at_seq, depth, base_seq)
     manager = lifecycle.manager
@@ -131,7 +131,7 @@ async def write_fork(lifecycle: Lifecycle, parent: Parent, who: Identity, sid: s
         copied += len(members)
         await stager.events(members)
     if copied != at_seq - base_seq or not await parent.unchanged():
-        raise Conflict("the session was compacted while it was forked; try again", {"reason": "busy"})
+        raise Conflict("the session was compacted while it was forked; try again", {"reason": Reason.BUSY})
     async for pairs in parent.ids():
         await stager.ids(client_ids(pairs, at_seq))
     await stager.agents([who.agent_id])

@@ -16,11 +16,11 @@ import pydantic_core
 from redis.exceptions import ResponseError
 
 from memento_sessions import keys
-from memento_sessions.errors import Conflict, InvalidParams, NotFound
+from memento_sessions.errors import Conflict, InvalidParams, NotFound, Reason
 from memento_sessions.metrics import COMPACTIONS, REHYDRATE_SECONDS
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import KEEP, Condenser
-from memento_sessions.sessions.manager import VIEW_READS, SessionManager, ask_view, iso, now_ms, view_of
+from memento_sessions.sessions.manager import VIEW_READS, FullHandler, SessionManager, ask_view, iso, now_ms, view_of
 from memento_sessions.sessions.snapshot_store import SNAPSHOT_LIST, SNAPSHOT_PREFIX, snapshot_id
 
 FOLD_CHUNK = 1000  # events read per round trip while folding
@@ -35,7 +35,7 @@ def beyond(field: str, value: int, seq: int) -> InvalidParams:
 def compacted(seq: int, compacted_seq: int) -> Conflict:
     """-32009 `compacted`: the events needed were removed by compaction and no snapshot sits at `seq`."""
     return Conflict(f"events up to {compacted_seq} were compacted; no snapshot at seq {seq}",
-                    {"reason": "compacted", "compactedSeq": compacted_seq})
+                    {"reason": Reason.COMPACTED, "compactedSeq": compacted_seq})
 
 
 def compaction_limit(view: dict[str, Any], postgres: bool) -> int:
@@ -66,7 +66,6 @@ class History:
         self.manager, self.store, self.redis = manager, manager.store, manager.redis
         self.settings = manager.settings
         self.postgres = postgres
-        manager.on_full = self.auto_compact
 
     async def fold(self, namespace: str, session_id: str, at_seq: int) -> tuple[dict[str, Any], Condenser]:
         """The session view and the reducer's state right after event `at_seq` (snapshot + events after)."""
@@ -94,7 +93,7 @@ class History:
             folded = await self._fold(skeys, base, at_seq, session.get("compactedSeq", 0))
             if folded is not None:
                 return session, folded, base
-        raise Conflict("the session was compacted while it was read; try again", {"reason": "busy"})
+        raise Conflict("the session was compacted while it was read; try again", {"reason": Reason.BUSY})
 
     async def _fold(self, skeys: keys.SessionKeys, base: int, at_seq: int, compacted_seq: int) -> Condenser | None:
         """The reducer from the snapshot at `base` (0: none) through `at_seq`; None when the history moved
@@ -203,4 +202,12 @@ class History:
                     raise
                 continue
             return int(removed) if compact else seq
-        raise Conflict("the session was compacted meanwhile; try again", {"reason": "busy"})
+        raise Conflict("the session was compacted meanwhile; try again", {"reason": Reason.BUSY})
+
+
+def auto_compaction(postgres: bool) -> FullHandler:
+    """The manager's `on_full` (server/services.py passes it): a full session compacted to make room, when
+    MEMENTO_AUTO_COMPACT is on (True if it removed events); `postgres` as History's."""
+    async def on_full(manager: SessionManager, namespace: str, session_id: str) -> bool:
+        return await History(manager, postgres).auto_compact(namespace, session_id)
+    return on_full

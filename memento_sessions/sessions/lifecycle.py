@@ -26,7 +26,7 @@ import pydantic_core
 from redis.exceptions import ResponseError
 
 from memento_sessions import keys
-from memento_sessions.errors import Conflict, NotFound
+from memento_sessions.errors import Conflict, NotFound, Reason
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
@@ -52,7 +52,7 @@ def fingerprint(fields: dict[str, str], snaps: list[int]) -> list[str]:
 
 def taken(session_id: str, status: str) -> Conflict:
     """The refusal of a new session under an id Postgres holds a session by (`status` its row's)."""
-    reason = "suspended" if status in LIVE_STATUSES else status
+    reason = Reason.SUSPENDED if status in LIVE_STATUSES else status
     return Conflict(f"session id {session_id!r} is taken by a {reason} session", {"reason": reason})
 
 
@@ -115,7 +115,7 @@ class Lifecycle:
             if not fields:
                 return await self._already_suspended(namespace, session_id)
             if fields["state"] == "completed":
-                raise Conflict("a completed session is not suspended", {"reason": "completed"})
+                raise Conflict("a completed session is not suspended", {"reason": Reason.COMPLETED})
             try:
                 row = await self.store_copy(namespace, session_id, "suspending", found, datetime.now(UTC))
             except Moved:
@@ -132,7 +132,7 @@ class Lifecycle:
             await self.redis.zrem(keys.session_index(namespace), session_id)
             LIFECYCLE.labels("suspended").inc()
             return {"sessionId": session_id, "status": "suspended", "seq": row.seq, "epoch": row.epoch}
-        raise Conflict("the session kept changing while it was suspended; try again", {"reason": "busy"})
+        raise Conflict("the session kept changing while it was suspended; try again", {"reason": Reason.BUSY})
 
     async def keep_completed(self, namespace: str, session_id: str) -> bool:
         """Copy a completed session into Postgres (status `completed`), where it outlives its grace TTL in
@@ -154,7 +154,7 @@ class Lifecycle:
         if row is None:
             raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
         if row.status == "completed":
-            raise Conflict("a completed session is not suspended", {"reason": "completed"})
+            raise Conflict("a completed session is not suspended", {"reason": Reason.COMPLETED})
         status = "suspended" if row.status in LIVE_STATUSES else row.status
         return {"sessionId": session_id, "status": status, "seq": row.seq, "epoch": row.epoch}
 
@@ -171,15 +171,15 @@ class Lifecycle:
             if live[0] is not None:  # Redis holds it: the live copy is the authority
                 if row.status == "resuming" and live == [row.epoch, str(row.seq)]:
                     await self.store.resumed(row)  # a resume cut short after its restore: finish it
-                raise Conflict("the session is active, not suspended", {"reason": "active"})
+                raise Conflict("the session is active, not suspended", {"reason": Reason.ACTIVE})
             epoch = uuid.uuid4().hex[:16]  # the live copy may have gone further before it expired
         if not await self.store.mark(row, "resuming", LIVE_STATUSES):
-            raise Conflict("the stored session changed meanwhile; try again", {"reason": "busy"})
+            raise Conflict("the stored session changed meanwhile; try again", {"reason": Reason.BUSY})
         resuming = dataclasses.replace(row, status="resuming")
         try:
             done = await self._write_back(resuming, epoch)
         except Conflict as exc:
-            if isinstance(exc.data, dict) and exc.data.get("reason") == "active":
+            if isinstance(exc.data, dict) and exc.data.get("reason") == Reason.ACTIVE:
                 # Another session holds the id in Redis: the stored one stays as it was, not being resumed
                 # (a row being resumed may be replaced by the live copy's suspend).
                 await self.store.mark(resuming, row.status, ("resuming",))
@@ -204,7 +204,7 @@ class Lifecycle:
             live = await self.redis.hmget(keys.session_keys(namespace, session_id).session, "epoch", "seq")
             if live == [epoch, str(row.seq)]:
                 return False
-            raise Conflict("the session is active, not suspended", {"reason": "active"}) from None
+            raise Conflict("the session is active, not suspended", {"reason": Reason.ACTIVE}) from None
         snaps = await self.store.snapshot_seqs(row)
         for seq in snaps:
             snap = await self.store.snapshot_at(row, seq)
@@ -222,17 +222,17 @@ class Lifecycle:
                                                                  {"type": "resumed", **note}, note))
         except Conflict as exc:
             if "active" in exc.message:  # another session took the id in Redis meanwhile
-                exc.data = {"reason": "active"}
+                exc.data = {"reason": Reason.ACTIVE}
             raise
 
     async def _not_resumable(self, namespace: str, session_id: str, row: Suspended | None) -> NoReturn:
         """Raise why a session that is not suspended cannot be resumed (writing nothing)."""
         if row is not None and row.status == "archived":
-            raise Conflict("the session is archived: its events are gone", {"reason": "archived"})
+            raise Conflict("the session is archived: its events are gone", {"reason": Reason.ARCHIVED})
         if row is not None and row.status == "completed":
-            raise Conflict("the session is completed, not suspended", {"reason": "completed"})
+            raise Conflict("the session is completed, not suspended", {"reason": Reason.COMPLETED})
         if await self.redis.exists(keys.session_keys(namespace, session_id).session):
-            raise Conflict("the session is active, not suspended", {"reason": "active"})
+            raise Conflict("the session is active, not suspended", {"reason": Reason.ACTIVE})
         raise NotFound(f"session {session_id!r} not found", {"sessionId": session_id})
 
     async def refuse_stored(self, namespace: str, session_id: str) -> None:

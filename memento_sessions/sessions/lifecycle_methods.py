@@ -1,8 +1,8 @@
 """JSON-RPC methods of event sourcing and the lifecycle (session.diff, .snapshot, .compact, .fork, .suspend,
 .resume), and the lifecycle's background work (suspending idle sessions, archiving old ones).
 
-It also extends three methods of `methods.py` with their section-11 parameters, registering them again
-over the same handlers: `session.get {atSeq}`, `session.list {status}` and `session.create {onIdle}`.
+It also holds the lifecycle's variants of three methods of `methods.py`, which api/ declares in their place:
+`session.get {atSeq}`, `session.list {status}` and `session.create {onIdle}`.
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from redis.exceptions import RedisError
 
 from memento_sessions import keys
 from memento_sessions.backends import UNANSWERED, Backends
-from memento_sessions.errors import InvalidParams, MementoError, NotFound, RateLimited
+from memento_sessions.errors import InvalidParams, MementoError, NotFound, RateLimited, Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
 from memento_sessions.metrics import LIFECYCLE
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.fork import fork
 from memento_sessions.sessions.history import History
 from memento_sessions.sessions.janitor import lifecycle_candidates
 from memento_sessions.sessions.lifecycle import Lifecycle
 from memento_sessions.sessions.manager import IDLE_MARGIN, SessionManager
-from memento_sessions.sessions.methods import CreateParams, GetParams, ListParams, SessionParams
+from memento_sessions.sessions.methods import CreateParams, GetParams, ListParams, SessionMethods, SessionParams
 from memento_sessions.sessions.models import ClientId, Seq
 from memento_sessions.sessions.paging import PAGE, page_bytes
 from memento_sessions.sessions.stored import stored_at, stored_condensed, stored_get, stored_session
@@ -62,7 +62,8 @@ class Heavy:
         if self.running >= self.limit:
             LIFECYCLE.labels("heavy_refused").inc()
             raise RateLimited(f"{self.running} heavy requests (fork, suspend, resume, stored reads) running; "
-                              f"at most {self.limit} (MEMENTO_HEAVY_MAX)", {"retryAfterMs": 1000, "reason": "busy"})
+                              f"at most {self.limit} (MEMENTO_HEAVY_MAX)",
+                              {"retryAfterMs": 1000, "reason": Reason.BUSY})
         self.running += 1
         try:
             yield
@@ -106,6 +107,7 @@ class LifecycleService:
         self.history = History(manager, backends.postgres.enabled)
         self.lifecycle = Lifecycle(manager, self.suspended)
         self.heavy = Heavy(manager.settings.heavy_max)
+        self.plain = SessionMethods(manager)  # session.create without onIdle
 
     async def run(self) -> None:
         """Suspend idle `onIdle: suspend` sessions before Redis would expire them, copy completed ones to
@@ -236,41 +238,26 @@ class LifecycleService:
             found = await pipe.execute()
         return {sid for sid, exists in zip(session_ids, found, strict=True) if exists}
 
-    def register(self, registry: Registry) -> None:
-        """Add the methods (and the extended session.get, session.list and session.create)."""
-        self._create_plain = registry.methods["session.create"].handler
-        write, read = "sessions:write", "sessions:read"
-        registry.add("session.create", CreateIdleParams, self._create, write)
-        registry.add("session.get", GetAtParams, self._get, read)
-        registry.add("session.list", ListStatusParams, self._list, read)
-        registry.add("session.diff", DiffParams, self._diff, read)
-        registry.add("session.snapshot", SessionParams, self._snapshot, write)
-        registry.add("session.compact", CompactParams, self._compact, write)
-        registry.add("session.fork", ForkParams, self._fork, write)
-        registry.add("session.suspend", SessionParams, self._suspend, write)
-        registry.add("session.resume", SessionParams, self._resume, write)
-        registry.add("session.clear", SessionParams, self._clear, "admin")
-
-    async def _create(self, call: Call, p: CreateIdleParams) -> Result:
+    async def create(self, call: Call, p: CreateIdleParams) -> Result:
         if p.sessionId is None:
-            return await self._create_new(call, p)
+            return await self.create_new(call, p)
         namespace = call.identity.namespace
         await self.lifecycle.refuse_stored(namespace, p.sessionId)
-        created = await self._create_new(call, p)
+        created = await self.create_new(call, p)
         # A suspend of the id's old session may have completed between the check and the create.
         await self.lifecycle.withdraw_if_stored(namespace, p.sessionId, created["epoch"])
         return created
 
-    async def _create_new(self, call: Call, p: CreateIdleParams) -> Result:
+    async def create_new(self, call: Call, p: CreateIdleParams) -> Result:
         if (p.onIdle or self.settings.on_idle) != "suspend":
-            return await self._create_plain(call, p)
+            return await self.plain.create(call, p)
         if p.ttl is not None and p.ttl > self.settings.session_ttl:
             raise InvalidParams("invalid params", [{"field": "ttl", "message": f"at most {self.settings.session_ttl} "
                                                     "(MEMENTO_SESSION_TTL)"}])
         return await self.manager.create(call.identity, entity_ids=p.entityIds, session_id=p.sessionId, ttl=p.ttl,
                                          labels=p.labels, on_idle="suspend")
 
-    async def _get(self, call: Call, p: GetAtParams) -> Result:
+    async def get(self, call: Call, p: GetAtParams) -> Result:
         namespace = call.identity.namespace
         try:
             if p.atSeq is not None:
@@ -308,31 +295,31 @@ class LifecycleService:
         return await stored_get(self.suspended, row, retention, p.since, p.limit or PAGE,
                                 page_bytes(self.settings.ws_send_buffer))
 
-    async def _list(self, call: Call, p: ListStatusParams) -> Result:
+    async def list_(self, call: Call, p: ListStatusParams) -> Result:
         return await self.list_sessions(call.identity.namespace, p)
 
-    async def _diff(self, call: Call, p: DiffParams) -> Result:
+    async def diff(self, call: Call, p: DiffParams) -> Result:
         return await self.history.diff(call.identity.namespace, p.sessionId, p.fromSeq, p.toSeq)
 
-    async def _snapshot(self, call: Call, p: SessionParams) -> Result:
+    async def snapshot(self, call: Call, p: SessionParams) -> Result:
         return await self.history.snapshot(call.identity.namespace, p.sessionId)
 
-    async def _compact(self, call: Call, p: CompactParams) -> Result:
+    async def compact(self, call: Call, p: CompactParams) -> Result:
         return await self.history.compact(call.identity.namespace, p.sessionId, p.beforeSeq)
 
-    async def _fork(self, call: Call, p: ForkParams) -> Result:
+    async def fork(self, call: Call, p: ForkParams) -> Result:
         async with self.heavy.slot():
             return await fork(self.lifecycle, call.identity, p.sessionId, p.atSeq, p.newSessionId)
 
-    async def _suspend(self, call: Call, p: SessionParams) -> Result:
+    async def suspend(self, call: Call, p: SessionParams) -> Result:
         async with self.heavy.slot():
             return await self.lifecycle.suspend(call.identity.namespace, p.sessionId)
 
-    async def _resume(self, call: Call, p: SessionParams) -> Result:
+    async def resume(self, call: Call, p: SessionParams) -> Result:
         async with self.heavy.slot():
             return await self.lifecycle.resume(call.identity.namespace, p.sessionId)
 
-    async def _clear(self, call: Call, p: SessionParams) -> Result:
+    async def clear(self, call: Call, p: SessionParams) -> Result:
         return await self.lifecycle.clear(call.identity.namespace, p.sessionId)
 
 
@@ -342,10 +329,3 @@ def group_by_namespace(pairs: list[tuple[str, str]]) -> dict[str, list[str]]:
     for namespace, session_id in pairs:
         grouped.setdefault(namespace, []).append(session_id)
     return grouped
-
-
-def register(registry: Registry, manager: SessionManager, backends: Backends) -> LifecycleService:
-    """Build the lifecycle service and register its methods; the caller runs its `run` loop."""
-    service = LifecycleService(manager, backends)
-    service.register(registry)
-    return service

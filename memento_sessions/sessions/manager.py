@@ -19,7 +19,7 @@ from redis.asyncio.client import Pipeline
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
-from memento_sessions.errors import Conflict, Forbidden, InvalidParams, NotFound
+from memento_sessions.errors import Conflict, Forbidden, InvalidParams, NotFound, Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMIT_SECONDS, EVENTS, REPLY_PAGES, SESSION_LIMIT_REFUSALS
 from memento_sessions.redisio.pipe import Acks, Pipe
@@ -46,7 +46,7 @@ class Emitted:
 
 
 EmitListener = Callable[[str, str, Sequence[Emitted]], None]
-FullHandler = Callable[[str, str], Awaitable[bool]]  # (namespace, session id) -> whether room was made
+FullHandler = Callable[["SessionManager", str, str], Awaitable[bool]]  # (manager, namespace, session id) -> room made
 IDLE_MARGIN = 120  # seconds an onIdle=suspend session's keys outlive its TTL: the time to suspend it in
 
 
@@ -216,12 +216,15 @@ def before_cursor(sid: str, score: int, after: tuple[int, str] | None) -> bool:
 class SessionManager:
     """Create, join, leave, read, list and emit into sessions of any namespace."""
 
-    def __init__(self, redis: aioredis.Redis, settings: Settings, pipe: Pipe | None = None) -> None:
+    def __init__(self, redis: aioredis.Redis, settings: Settings, pipe: Pipe | None = None, *,
+                 on_emitted: Sequence[EmitListener] = (), on_full: FullHandler | None = None) -> None:
+        """`on_emitted`: told of every stored emit, in order (the checkpointer's triggers); `on_full`: asked to
+        make room when a session is full (auto-compaction, sessions/history.py), before the emit is refused."""
         self.redis = redis
         self.settings = settings
         self.store = FunctionStore(redis, pipe)
-        self.listeners: list[EmitListener] = []
-        self.on_full: FullHandler | None = None  # auto-compaction (sessions/history.py) when it is on
+        self.on_emitted = tuple(on_emitted)
+        self.on_full = on_full
 
     async def start(self) -> None:
         """Load the Function library (every daemon does, REPLACE makes it idempotent).
@@ -345,10 +348,10 @@ class SessionManager:
         try:
             flat = await self.store.call("ms_emit", skeys, *args, acks=acks)
         except Conflict as exc:
-            if not (isinstance(exc.data, dict) and exc.data.get("reason") == "session_full"):
+            if not (isinstance(exc.data, dict) and exc.data.get("reason") == Reason.SESSION_FULL):
                 raise
             # With MEMENTO_AUTO_COMPACT on, a full session is compacted and the emit tried once more.
-            if self.on_full is None or not await self.on_full(who.namespace, session_id):
+            if self.on_full is None or not await self.on_full(self, who.namespace, session_id):
                 SESSION_LIMIT_REFUSALS.labels("session_full").inc()
                 raise
             flat = await self.store.call("ms_emit", skeys, *args, acks=acks)
@@ -361,7 +364,7 @@ class SessionManager:
         # One increment per type, not per event: a batch holds few types.
         for kind, count in collections.Counter(item.event.type for item in done if not item.duplicate).items():
             events_counter(kind).inc(count)
-        for listener in self.listeners:
+        for listener in self.on_emitted:
             listener(namespace, session_id, done)
 
     async def get(self, namespace: str, session_id: str, *, condensed: bool = False, since: int = 0,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from memento_sessions.errors import InvalidParams
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import MAX_BATCH, ClientId, EntityId, EventIn, Seq, SessionState
 from memento_sessions.sessions.storable import check_text
@@ -48,6 +48,11 @@ class ListParams(Params):
     cursor: ListCursor | None = None  # a previous page's nextCursor
 
 
+class SubscribeParams(SessionParams):
+    since: Seq | None = None
+    epoch: str | None = Field(default=None, max_length=64)
+
+
 class EmitParams(SessionParams):
     event: EventIn
 
@@ -57,7 +62,8 @@ class EmitBatchParams(SessionParams):
 
 
 class SessionMethods:
-    """`session.create|join|leave|get|list` and `event.emit|emitBatch`: each a thin call into the SessionManager."""
+    """`session.join|leave` and `event.emit|emitBatch`, and the plain `session.create|get|list` the lifecycle extends:
+    each a thin call into the SessionManager."""
 
     def __init__(self, manager: SessionManager) -> None:
         self.manager = manager
@@ -95,22 +101,3 @@ class SessionMethods:
         if any(item.duplicate for item in done):
             result["duplicates"] = [item.seq for item in done if item.duplicate]
         return result
-
-    def register(self, registry: Registry) -> None:
-        write, read = "sessions:write", "sessions:read"
-        table: dict[str, tuple[type[Params], Any, str]] = {
-            "session.create": (CreateParams, self.create, write),
-            "session.join": (SessionParams, self.join, write),
-            "session.leave": (SessionParams, self.leave, write),
-            "session.get": (GetParams, self.get, read),
-            "session.list": (ListParams, self.list_, read),
-            "event.emit": (EmitParams, self.emit, write),
-            "event.emitBatch": (EmitBatchParams, self.emit_batch, write),
-        }
-        for name, (params, handler, scope) in table.items():
-            registry.add(name, params, handler, scope)
-
-
-def register(registry: Registry, manager: SessionManager) -> None:
-    """Add the session methods to the registry."""
-    SessionMethods(manager).register(registry)

@@ -84,7 +84,7 @@ def translate(message: str) -> Exception:
     """NOTFOUND/CONFLICT/EXISTS/FULL replies become RpcErrors, LOADING and the like BusyLoadingError (a
     ConnectionError: the backend is unavailable); anything else stays a Redis error."""
     word, _, text = message.partition(" ")
-    if word == "FULL":  # `FULL <reason> <detail>`: a bound was reached, -32009 with data.reason
+    if word == "FULL":  # `FULL <reason> <detail>`: a bound was reached, -32009 with data.reason (one of Reason)
         reason, _, detail = text.partition(" ")
         return Conflict(f"{reason.replace('_', ' ')}: {detail}", {"reason": reason})
     if word in _NOT_ANSWERING:  # Redis is up but cannot serve yet: unavailable (-32050), retried by clients

@@ -13,7 +13,7 @@ from typing import Any
 
 import pydantic_core
 
-from memento_sessions.errors import Conflict
+from memento_sessions.errors import Conflict, Reason
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.conversation import ConversationFold
 from memento_sessions.sessions.history import at_result, beyond, compacted
@@ -81,7 +81,7 @@ async def stored_condensed(store: SuspendedStore, row: Suspended, retention: tim
 async def stored_at(store: SuspendedStore, row: Suspended, retention: timedelta, at_seq: int) -> dict[str, Any]:
     """`session.get {atSeq}` of a stored session: its snapshot at or before `at_seq` plus the events after."""
     if row.archived:
-        raise Conflict("the session is archived: its events are gone", {"reason": "archived"})
+        raise Conflict("the session is archived: its events are gone", {"reason": Reason.ARCHIVED})
     if at_seq > row.seq:
         raise beyond("atSeq", at_seq, row.seq)
     snap = await snapshot_of(store, row, at_seq)

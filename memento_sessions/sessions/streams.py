@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from memento_sessions.errors import Conflict
+from memento_sessions.errors import Conflict, Reason
 from memento_sessions.keys import SessionKeys
 from memento_sessions.sessions.models import MAX_EVENT_BYTES
 from memento_sessions.sessions.paging import seq_of
@@ -112,5 +112,5 @@ class Stager:
             return await self.store.call(function, self.skeys, *args)
         except ResponseError as exc:
             if str(exc).startswith("RETRY"):
-                raise Conflict("another write of this session took over; try again", {"reason": "busy"}) from None
+                raise Conflict("another write of this session took over; try again", {"reason": Reason.BUSY}) from None
             raise

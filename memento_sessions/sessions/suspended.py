@@ -27,7 +27,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from memento_sessions.backends import Postgres
-from memento_sessions.errors import Conflict
+from memento_sessions.errors import Conflict, Reason
 from memento_sessions.migrations import Migration, migrate
 from memento_sessions.sessions.paging import seq_of
 
@@ -261,7 +261,7 @@ class SuspendedStore(MigratedStore):
                 held = await conn.fetchrow(HELD, head.namespace, head.session_id)
                 status = held[0] if held else "suspended"
                 raise Conflict(f"Postgres holds another copy of session {head.session_id!r} ({status})",
-                               {"reason": "suspended" if status in LIVE_STATUSES else status})
+                               {"reason": Reason.SUSPENDED if status in LIVE_STATUSES else status})
             await conn.execute(DROP_CHUNKS, head.namespace, head.session_id)
             writer = RowWriter(conn, head.namespace, head.session_id, self.chunk_bytes)
             yield writer

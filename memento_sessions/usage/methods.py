@@ -8,7 +8,6 @@ finished tool call costs no Redis call at all.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
@@ -17,14 +16,13 @@ from redis.exceptions import ResponseError
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import InvalidParams
 from memento_sessions.logs import get_logger
-from memento_sessions.rpc import Call, Method, Registry, Result
+from memento_sessions.rpc import Call, Handler, Result
 from memento_sessions.usage import query
 from memento_sessions.usage.fold import ops_of, relevant
 from memento_sessions.usage.store import UsageStore
 
 log = get_logger(__name__)
 FOLD_FAILURES: tuple[type[BaseException], ...] = (*UNAVAILABLE, ResponseError)
-Handler = Callable[[Call, Any], Awaitable[Result]]
 Id = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
 Cursor = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,16}:[A-Za-z0-9._: -]{1,300}$")]
 PAGE = 100
@@ -85,12 +83,11 @@ def folded(store: UsageStore, inner: Handler, *, batch: bool) -> Handler:
     return handler
 
 
-def register(registry: Registry, store: UsageStore) -> None:
-    """Add usage.get, and the usage step after event.emit and event.emitBatch (registered before this)."""
-    async def usage_get(call: Call, p: UsageParams) -> Result:
-        return await get(store, call, p)
+class UsageMethods:
+    """`usage.get` over the daemon's UsageStore, and its store for the fold step (both declared in api/)."""
 
-    registry.add("usage.get", UsageParams, usage_get, "sessions:read")
-    for name, batch in (("event.emit", False), ("event.emitBatch", True)):
-        method = registry.methods[name]
-        registry.methods[name] = Method(name, method.params, folded(store, method.handler, batch=batch), method.scope)
+    def __init__(self, store: UsageStore) -> None:
+        self.store = store
+
+    async def get(self, call: Call, p: UsageParams) -> Result:
+        return await get(self.store, call, p)

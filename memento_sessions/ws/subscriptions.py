@@ -20,20 +20,18 @@ from typing import Any, Protocol, runtime_checkable
 
 import anyio
 import pydantic_core
-from pydantic import Field
 
 from memento_sessions import keys
 from memento_sessions.backends import UNANSWERED
-from memento_sessions.errors import Conflict, InvalidParams
+from memento_sessions.errors import Conflict, InvalidParams, Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_REFUSED
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.retry import Failures
-from memento_sessions.rpc import Call, Registry, Result
+from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.frames import event_frame, frame_head, frame_seq, member_seq
 from memento_sessions.sessions.manager import SessionManager
-from memento_sessions.sessions.methods import Params, SessionParams
-from memento_sessions.sessions.models import Seq
+from memento_sessions.sessions.methods import Params, SessionParams, SubscribeParams
 from memento_sessions.sessions.snapshot_store import snapshot_at
 
 log = get_logger(__name__)
@@ -233,11 +231,6 @@ class Watch:
         self.closed = True
 
 
-class SubscribeParams(SessionParams):
-    since: Seq | None = None
-    epoch: str | None = Field(default=None, max_length=64)
-
-
 Key = tuple[str, ...]
 Entries = dict[Key, Subscription | Watch]
 
@@ -263,7 +256,7 @@ class Subscriptions:
         if key not in entries and len(entries) >= self.limit:
             WS_REFUSED.labels("too_many_subscriptions").inc()
             raise Conflict(f"too many subscriptions on this connection (at most {self.limit})",
-                           {"reason": "too_many_subscriptions", "limit": self.limit})
+                           {"reason": Reason.TOO_MANY_SUBSCRIPTIONS, "limit": self.limit})
 
     def _remove(self, entries: Entries, key: Key) -> None:
         entry = entries.pop(key, None)
@@ -341,11 +334,6 @@ class Subscriptions:
                 self._remove(entries, key)
                 raise
         return {}
-
-    def register(self, registry: Registry) -> None:
-        registry.add("session.subscribe", SubscribeParams, self.subscribe, "sessions:read")
-        registry.add("session.unsubscribe", SessionParams, self.unsubscribe, "sessions:read")
-        registry.add("sessions.watch", Params, self.watch, "sessions:read")
 
 
 def recovery_frame(session_json: str, epoch: str, seq: int) -> str:
