@@ -172,7 +172,9 @@ def field_errors(exc: ValidationError) -> list[dict[str, str]]:
 def parse(frame: str | bytes) -> dict[str, Any]:
     """Decode one request object; raises ParseError or InvalidRequest."""
     try:
-        message = pydantic_core.from_json(frame)
+        # Values are seldom repeated (ids, texts), keys often: caching every string made a 700 KB batch of
+        # 76,800 distinct ids parse 2.5 times slower.
+        message = pydantic_core.from_json(frame, cache_strings="keys")
     except ValueError:
         raise ParseError("parse error: frame is not valid JSON") from None
     if not isinstance(message, dict):

@@ -20,13 +20,14 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pydantic_core
 from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE, Backends
-from memento_sessions.checkpoints.aggregate import Summary, aggregate
+from memento_sessions.checkpoints.aggregate import Summary, Tally
 from memento_sessions.checkpoints.anchors import write_anchor
 from memento_sessions.checkpoints.pending import Pending, PendingSnapshots
 from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
@@ -53,6 +54,7 @@ DRAIN_SECONDS = 5.0
 SNAPSHOT_TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT, TimeoutError)
 FLUSH_EVERY = 5.0  # seconds between passes over the pending snapshots
 FLUSH_MAX_DELAY = 10.0  # the longest pause while Postgres is down
+DECODE_PART = 16  # events of a window decoded and summarised between two turns of the event loop
 
 
 def checkpoint_id(namespace: str, epoch: str, session_id: str, seq: int, final: bool) -> str:
@@ -196,8 +198,7 @@ class Checkpointer:
             return {**last.get("result", {}), "checkpointId": last.get("id")}
         # One read for the view and the window, so the window ends exactly at the view's seq.
         session, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
-        events = [pydantic_core.from_json(member) for member in members]
-        summary = aggregate(events, session["state"], self.settings.checkpoint_max_entities)
+        events, summary = await self._summarise(members, session["state"])
         CHECKPOINT_ENTITIES_SKIPPED.inc(summary.entities_skipped)
         cp_id = checkpoint_id(namespace, session["epoch"], session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
@@ -216,6 +217,18 @@ class Checkpointer:
         log.info("checkpoint", session_id=session_id, checkpoint_id=cp_id, outcome=summary.outcome,
                  ms=round((time.perf_counter() - started) * 1000, 2))
         return result
+
+    async def _summarise(self, members: list[str], state: str) -> tuple[list[dict[str, Any]], Summary]:
+        """The window's events decoded and summarised a part at a time (at most DECODE_PART events, so at
+        most 256 ids each), with a turn for the daemon's other work between parts: a window of 100,000
+        new ids never holds the event loop for longer than one part takes."""
+        tally, events = Tally(self.settings.checkpoint_max_entities), []
+        for start in range(0, len(members), DECODE_PART):
+            part = [pydantic_core.from_json(member) for member in members[start:start + DECODE_PART]]
+            tally.add(part)
+            events += part
+            await anyio.lowlevel.checkpoint()
+        return events, tally.summary(state)
 
     async def _new_snapshot(self, namespace: str, session: dict[str, Any], last: dict[str, Any], cp_id: str,
                             window: list[dict[str, Any]]) -> Pending:

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import anyio
+import anyio.lowlevel
+
 from memento_sessions.auth import Identity
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Encoded, Mailbox
@@ -19,6 +22,7 @@ from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import SYSTEM, EventIn
 
 Result = dict[str, Any]
+PART = 16  # events (at most 256 ids each) gathered or matched between two turns of the event loop
 
 
 class Alerts:
@@ -32,20 +36,31 @@ class Alerts:
     async def after_batch(self, who: Identity, session_id: str, stored: Sequence[tuple[int, EventIn]]) -> list[Result]:
         """The conflicts of a batch's stored (seq, event) pairs, each with its `seq`, and every conflicting
         event alerted once. One read of the holds for all the batch's entities, not one per event: an
-        ingested batch of 500 edits would otherwise wait on 500 round trips one after the other."""
-        touching = [(seq, event, entities) for seq, event in stored if (entities := touched(event))]
-        if not touching:
+        ingested batch of 500 edits would otherwise wait on 500 round trips one after the other. The ids are
+        gathered and matched PART events at a time, with a turn for the daemon's other work between parts
+        (a batch may name 128,000 ids)."""
+        union: dict[str, None] = {}
+        for start in range(0, len(stored), PART):
+            union.update((entity, None) for _, event in stored[start:start + PART] for entity in touched(event))
+            await anyio.lowlevel.checkpoint()
+        if not union:
             return []
         held: dict[str, list[Result]] = {}
-        union = list(dict.fromkeys(entity for *_, entities in touching for entity in entities))
-        for conflict in await self.leases.conflicts(who.namespace, who.agent_id, union):
+        for conflict in await self.leases.conflicts(who.namespace, who.agent_id, list(union)):
             held.setdefault(conflict["entityId"], []).append(conflict)
+        return await self._alert_held(who, session_id, stored, held) if held else []
+
+    async def _alert_held(self, who: Identity, session_id: str, stored: Sequence[tuple[int, EventIn]],
+                          held: dict[str, list[Result]]) -> list[Result]:
+        """Alert each stored event that touches a held entity; the conflicts found, each with its `seq`."""
         found: list[Result] = []
-        for seq, event, entities in touching:
-            conflicts = [conflict for entity in entities for conflict in held.get(entity, ())]
-            if conflicts:
-                await self.alert(who, session_id, seq, event, conflicts)
-                found += [{**conflict, "seq": seq} for conflict in conflicts]
+        for start in range(0, len(stored), PART):
+            for seq, event in stored[start:start + PART]:
+                conflicts = [conflict for entity in touched(event) for conflict in held.get(entity, ())]
+                if conflicts:
+                    await self.alert(who, session_id, seq, event, conflicts)
+                    found += [{**conflict, "seq": seq} for conflict in conflicts]
+            await anyio.lowlevel.checkpoint()
         return found
 
     async def check(self, who: Identity, event: EventIn) -> list[Result]:
