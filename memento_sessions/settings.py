@@ -79,6 +79,7 @@ class Settings(BaseSettings):
     on_idle: Literal["expire", "suspend"] = "expire"
     archive_after_days: Days = 30
     suspend_chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    stage_chunk_bytes: int = Field(default=256 * 1024, ge=16 * 1024, le=64 * 1024 * 1024)  # per Redis call of a copy
     heavy_max: int = Field(default=4, ge=1, le=1000)
     fork_max_depth: int = Field(default=32, ge=1, le=10_000)
 

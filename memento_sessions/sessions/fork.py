@@ -56,7 +56,7 @@ class Parent:
 
     def events(self, after: int, upto: int) -> AsyncIterator[list[str]]:
         if self.row is None:
-            return redis_events(self.lifecycle.redis, self.skeys, after, upto, per_read(self.lifecycle.chunk_bytes))
+            return redis_events(self.lifecycle.redis, self.skeys, after, upto, per_read(self.lifecycle.stage_bytes))
         return self.lifecycle.store.events(self.row, after, upto)
 
     def ids(self) -> AsyncIterator[list[tuple[str, str]]]:
@@ -120,7 +120,8 @@ async def write_fork(lifecycle: Lifecycle, parent: Parent, who: Identity, sid: s
     """Stage the fork's snapshot, events, ids and agent into Redis, then make it live."""
     base_seq, snapshot = base
     at_seq = int(fork_fields["seq"])
-    stager = Stager(lifecycle.manager.store, keys.session_keys(who.namespace, sid), int(fork_fields["ttl"]))
+    stager = Stager(lifecycle.manager.store, keys.session_keys(who.namespace, sid), int(fork_fields["ttl"]),
+                    lifecycle.stage_bytes)
     await stager.start()
     state = pydantic_core.from_json(snapshot)["state"] if snapshot else "working"
     if snapshot:

@@ -65,6 +65,7 @@ class Lifecycle:
     def __init__(self, manager: SessionManager, store: SuspendedStore) -> None:
         self.manager, self.redis, self.store = manager, manager.redis, store
         self.chunk_bytes = manager.settings.suspend_chunk_bytes
+        self.stage_bytes = manager.settings.stage_chunk_bytes
         store.chunk_bytes = self.chunk_bytes
 
     async def head(self, namespace: str, session_id: str) -> Head:
@@ -193,7 +194,7 @@ class Lifecycle:
         fields = {**row.fields, "updatedAt": str(now_ms()), "epoch": epoch}
         ttl = int(fields.get("ttl") or self.manager.settings.session_ttl)
         await self.manager.index(namespace, session_id, int(row.fields["createdAt"]))  # listed before it is live
-        stager = Stager(self.manager.store, keys.session_keys(namespace, session_id), ttl)
+        stager = Stager(self.manager.store, keys.session_keys(namespace, session_id), ttl, self.stage_bytes)
         note = {"sessionId": session_id, "seq": row.seq, "epoch": epoch}
         try:
             await stager.start()
