@@ -164,4 +164,4 @@ async def stored_data(url: str, namespace: str, sid: str) -> list[tuple[int, str
         members = await r.zrange(keys.session_keys(namespace, sid).events, 0, -1)
     finally:
         await r.aclose()
-    return [(e["seq"], e.get("id"), e.get("data")) for e in map(json.loads, members)]
+    return [(e["seq"], e.get("id"), e.get("data")) for e in (json.loads(str(m)) for m in members)]
