@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from memento_sessions.auth import Identity
+from memento_sessions.coordination.store import CoordStore
 from memento_sessions.rpc import Call, Registry, prepare, prepare_in_parts
 from memento_sessions.server.daemon import Daemon, settle_gc
 from memento_sessions.sessions.methods import EmitBatchParams
@@ -107,3 +108,27 @@ async def test_params_validated_in_parts_are_the_same_as_in_one_go(params: Calla
     assert (parts.error and parts.error.to_dict()) == (whole.error and whole.error.to_dict())
 
 
+
+
+async def test_a_batch_reads_holds_only_when_its_namespace_has_some(daemon: Daemon, namespace: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch in a namespace without leases makes no read of holds (one HLEN says there are none); once
+    another agent holds one of its entities, its conflict is found and reported with the event's seq."""
+    reads: list[int] = []
+    call = CoordStore.call
+
+    async def recording(store: CoordStore, function: str, fkeys: Any, *args: str | int) -> Any:
+        if function == "mc_holds":
+            reads.append(len(args) - 1)
+        return await call(store, function, fkeys, *args)
+
+    monkeypatch.setattr(CoordStore, "call", recording)
+    events = [{"type": "modified", "changeInfo": {"entityIds": [f"fn:{n}.{i}" for i in range(10)]}} for n in range(40)]
+    async with rpc(daemon.port, token("alice", namespace)) as alice, rpc(daemon.port, token("bob", namespace)) as bob:
+        sid = (await alice.call("session.create", {}))["sessionId"]
+        first = await alice.call("event.emitBatch", {"sessionId": sid, "events": events})
+        assert reads == [] and "conflicts" not in first
+        lease = await bob.call("lease.acquire", {"entityIds": ["fn:7.3"], "ttl": 60})
+        second = await alice.call("event.emitBatch", {"sessionId": sid, "events": events})
+    assert sum(reads) == 400
+    assert [(c["entityId"], c["leaseId"], c["seq"]) for c in second["conflicts"]] == [("fn:7.3", lease["leaseId"], 48)]
