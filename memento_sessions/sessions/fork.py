@@ -56,7 +56,7 @@ class Parent:
 
     def events(self, after: int, upto: int) -> AsyncIterator[list[str]]:
         if self.row is None:
-            return redis_events(self.lifecycle.redis, self.skeys, after, upto, per_read(self.lifecycle.stage_bytes))
+            return redis_events(self.lifecycle.redis, self.skeys, after, upto, per_read(self.lifecycle.chunk_bytes))
         return self.lifecycle.store.events(self.row, after, upto)
 
     def ids(self) -> AsyncIterator[list[tuple[str, str]]]:
