@@ -60,6 +60,8 @@ MCP_SESSION_LIMIT = Counter("memento_mcp_session_limit_total",
 
 LEASE_ACQUIRES = Counter("memento_lease_acquires_total", "lease.acquire calls (granted, refused for a conflict, or "
                          "lease_limit at MEMENTO_LEASE_MAX)", ["result"])
+LEASE_PACED_SECONDS = Counter("memento_lease_paced_seconds_total", "Seconds lease writes waited for their "
+                              "namespace's budget of covered entities a second (MEMENTO_LEASE_PACE)")
 LEASE_ENDS = Counter("memento_lease_ends_total", "Leases ended (released, expired, orphaned)", ["reason"])
 LEASE_CONFLICT_ALERTS = Counter("memento_lease_conflict_alerts_total",
                                 "lease.conflict alerts sent to holders (each stored once in its mailbox)")

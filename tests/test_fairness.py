@@ -14,6 +14,7 @@ import anyio
 import pytest
 
 from memento_sessions.auth import Identity
+from memento_sessions.coordination.pacing import Pacer
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.rpc import Call, Registry, prepare, prepare_in_parts
 from memento_sessions.server.daemon import Daemon, settle_gc
@@ -132,3 +133,28 @@ async def test_a_batch_reads_holds_only_when_its_namespace_has_some(daemon: Daem
         second = await alice.call("event.emitBatch", {"sessionId": sid, "events": events})
     assert sum(reads) == 400
     assert [(c["entityId"], c["leaseId"], c["seq"]) for c in second["conflicts"]] == [("fn:7.3", lease["leaseId"], 48)]
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_namespace_sending_large_leases_back_to_back_waits_and_the_others_do_not() -> None:
+    clock = Clock()
+    pacer = Pacer(4096, clock)
+    assert pacer.charge("heavy", 4096) == 0.0  # the first goes at once
+    clock.now += 0.02  # it held Redis 20 ms
+    assert pacer.charge("heavy", 4096) == pytest.approx(1.0 - 0.02 - 0.1)  # the next waits for its budget
+    assert pacer.charge("light", 10) == 0.0 and pacer.charge("light", 10) == 0.0  # another namespace does not
+    clock.now += 5.0
+    assert pacer.owed("heavy") == 0.0 and pacer.charge("heavy", 4096) == 0.0  # repaid: at once again
+    for _ in range(40):  # a few entities at a time, back to back: never waits
+        clock.now += 0.01
+        assert pacer.charge("light", 40) == 0.0
+    assert Pacer(0, clock).charge("heavy", 10**9) == 0.0  # 0: unpaced
