@@ -40,12 +40,12 @@ class Alerts:
         ingested batch of 500 edits would otherwise wait on 500 round trips one after the other. The ids are
         gathered and matched PART events at a time, with a turn for the daemon's other work between parts
         (a batch may name 128,000 ids)."""
+        if not any(touched(event) for _, event in stored) or not await self.any_holds(who.namespace):
+            return []
         union: dict[str, None] = {}
         for start in range(0, len(stored), PART):
             union.update((entity, None) for _, event in stored[start:start + PART] for entity in touched(event))
             await anyio.lowlevel.checkpoint()
-        if not union or not await self.any_holds(who.namespace):
-            return []
         held: dict[str, list[Result]] = {}
         for conflict in await self.leases.conflicts(who.namespace, who.agent_id, list(union)):
             held.setdefault(conflict["entityId"], []).append(conflict)
