@@ -177,10 +177,11 @@ def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.Argu
     from memento_sessions.cli_hook import register as hook_command
     from memento_sessions.cli_ingest import register as ingest_command
     from memento_sessions.cli_session import register as session_commands
+    from memento_sessions.cli_usage import register as usage_command
     from memento_sessions.kg.commands import register as kg_commands
     from memento_sessions.server.stdio import register as mcp_command
 
-    return [kg_commands, prune_command, mcp_command, ingest_command, hook_command, session_commands]
+    return [kg_commands, prune_command, mcp_command, ingest_command, hook_command, session_commands, usage_command]
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:

@@ -193,3 +193,41 @@ def presence_key(ns: str, session_id: str) -> str:
 def agent_channel(ns: str, agent_id: str) -> str:
     """Pub/sub channel of one agent's mailbox messages and lease conflicts."""
     return f"{PREFIX}:{ns}:agent:{agent_id}"
+
+
+# Usage (usage/, docs/usage.md): a session's under the session's own tag (one Function call folds a batch into
+# its runs and totals); an agent's under `{<ns>/usage/<agentId>}`, the namespace's under `{<ns>/usage}`.
+
+
+@dataclass(frozen=True, slots=True)
+class UsageKeys:
+    """The usage keys of one session, in the order `mu_fold` (usage/library.py) takes them after the session's
+    own hash."""
+
+    totals: str
+    runs: str
+    order: str
+    starts: str
+    series: str
+
+    def all(self) -> list[str]:
+        """Every key, as passed to the script."""
+        return [self.totals, self.runs, self.order, self.starts, self.series]
+
+
+def usage_keys(ns: str, session_id: str) -> UsageKeys:
+    """A session's usage: totals HASH, runs HASH (run id -> row), order ZSET (by start ms), starts ZSET (by
+    seq), series HASH (the cumulative metric points last seen)."""
+    base = f"{PREFIX}:{ns}:{{{session_id}}}:usage"
+    return UsageKeys(f"{base}", f"{base}:runs", f"{base}:order", f"{base}:starts", f"{base}:series")
+
+
+def agent_usage_keys(ns: str, agent_id: str) -> tuple[str, str]:
+    """An agent's usage: totals HASH, runs ZSET (`<sessionId> <runId>` by start ms)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/usage/{agent_id}}}"
+    return f"{base}:usage", f"{base}:usage-runs"
+
+
+def namespace_usage(ns: str) -> str:
+    """HASH of the namespace's usage totals."""
+    return f"{PREFIX}:{ns}:{{{ns}/usage}}:usage"

@@ -59,7 +59,8 @@ MCP_SESSION_LIMIT = Counter("memento_mcp_session_limit_total",
                             ["action"])
 
 LEASE_ACQUIRES = Counter("memento_lease_acquires_total", "lease.acquire calls (granted, refused for a conflict, or "
-                         "lease_limit at MEMENTO_LEASE_MAX)", ["result"])
+                         "lease_limit at MEMENTO_LEASE_MAX, lease_too_large past MEMENTO_LEASE_MAX_COVERED, "
+                         "entity_holds past MEMENTO_LEASE_MAX_HOLDS)", ["result"])
 LEASE_PACED_SECONDS = Counter("memento_lease_paced_seconds_total", "Seconds lease writes waited for their "
                               "namespace's budget of covered entities a second (MEMENTO_LEASE_PACE)")
 LEASE_ENDS = Counter("memento_lease_ends_total", "Leases ended (released, expired, orphaned)", ["reason"])
@@ -76,11 +77,26 @@ MAILBOX_REFUSED = Counter("memento_mailbox_refused_total",
 COMPACTIONS = Counter("memento_compactions_total", "Session compactions that removed events (manual or automatic)")
 REHYDRATE_SECONDS = Histogram("memento_rehydrate_seconds", "Time to rebuild a session's view at a seq "
                               "(session.get atSeq: snapshot plus the events after it)", buckets=_FAST)
-LIFECYCLE = Counter("memento_lifecycle_total", "Lifecycle moves (suspended, resumed, forked, cleared)", ["action"])
+LIFECYCLE = Counter("memento_lifecycle_total", "Lifecycle moves (suspended, resumed, forked, cleared, "
+                    "archived, kept) and refusals (suspend_failed, heavy_refused at MEMENTO_HEAVY_MAX)", ["action"])
+
+# Usage (usage/): the model label is one of the first MEMENTO_USAGE_METRIC_MODELS models a daemon saw, else
+# "other"; no label comes from client input beyond that bounded set.
+USAGE_TOKENS = Counter("memento_usage_tokens_total", "Tokens the agents reported, by model, source (events, otel, "
+                       "otel-metrics) and type (input, output, cache_read, cache_creation)",
+                       ["model", "source", "type"])
+USAGE_COST = Counter("memento_usage_cost_usd_total", "Cost in USD the agents' sources reported (none is guessed)",
+                     ["model", "source"])
+OTLP_REQUESTS = Counter("memento_otlp_requests_total", "OTLP/HTTP export requests by signal (logs, metrics) and "
+                        "outcome (ok, bad_request, unauthorized, too_large, rate_limited, unsupported, unavailable, "
+                        "failed)",
+                        ["signal", "outcome"])
+OTLP_RECORDS = Counter("memento_otlp_records_total", "OTLP log records and metric points taken (usage) or ignored "
+                       "(another event or metric, no session.id)", ["signal", "outcome"])
 
 # Every label value the daemon can count, with a 0 sample from the start: a counter with no sample until its
 # first increment reads as no data, so `increase(...)` and `rate(...)` over the first failure show nothing.
-KNOWN_LABELS: dict[Counter, tuple[str, ...]] = {
+KNOWN_LABELS: dict[Counter, tuple[str | tuple[str, ...], ...]] = {
     BACKEND_ERRORS: ("redis", "falkordb", "postgres"),
     EMBEDDED_RESTARTS: ("redis", "postgres"),
     SESSION_LIMIT_REFUSALS: ("session_full", "namespace_full"),
@@ -88,11 +104,20 @@ KNOWN_LABELS: dict[Counter, tuple[str, ...]] = {
     WS_REFUSED: ("max_connections", "handshake_timeout", "too_many_subscriptions", "token_expired"),
     CHECKPOINTS: ("working", "broken", "coordinating", "completed"),
     MCP_SESSION_LIMIT: ("closed", "refused"),
-    LEASE_ACQUIRES: ("granted", "refused", "lease_limit"),
+    LEASE_ACQUIRES: ("granted", "refused", "lease_limit", "lease_too_large", "entity_holds"),
     LEASE_ENDS: ("released", "expired", "orphaned"),
     MAILBOX_MESSAGES: ("stored", "duplicate"),
-    LIFECYCLE: ("suspended", "kept", "resumed", "cleared", "forked", "archived"),
+    MAILBOX_REFUSED: ("mailbox_limit", "unknown_agent", "id_taken"),
+    LIFECYCLE: ("suspended", "kept", "resumed", "cleared", "forked", "archived", "suspend_failed", "heavy_refused"),
+    # a counter of several labels: every combination (usage: "other" stands for models not seen yet)
+    USAGE_TOKENS: tuple(("other", source, kind) for source in ("events", "otel", "otel-metrics")
+                        for kind in ("input", "output", "cache_read", "cache_creation")),
+    USAGE_COST: tuple(("other", source) for source in ("events", "otel", "otel-metrics")),
+    OTLP_REQUESTS: tuple((signal, outcome) for signal in ("logs", "metrics") for outcome in (
+        "ok", "bad_request", "unauthorized", "too_large", "rate_limited", "unsupported", "unavailable", "failed")),
+    OTLP_RECORDS: tuple((signal, outcome) for signal in ("logs", "metrics")
+                        for outcome in ("taken", "not_usage", "too_many_sessions")),
 }
 for _counter, _values in KNOWN_LABELS.items():
     for _value in _values:
-        _counter.labels(_value)
+        _counter.labels(*((_value,) if isinstance(_value, str) else _value))

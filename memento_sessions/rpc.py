@@ -132,7 +132,10 @@ def unavailable(exc: BaseException, call: Call, method: str, request_id: Any) ->
     if out_of_memory(exc):
         return BackendUnavailable(f"backend out of memory: {BACKENDS[backend]} refuses writes",
                                   {"backend": backend, "reason": "outOfMemory"})
-    return BackendUnavailable(f"backend unavailable: {BACKENDS[backend]}", {"backend": backend})
+    data = {"backend": backend}
+    if isinstance(exc, BackendUnavailable) and isinstance(exc.data, dict) and "reason" in exc.data:
+        data["reason"] = exc.data["reason"]  # e.g. replica_ack_timeout: the write may not survive a failover
+    return BackendUnavailable(f"backend unavailable: {BACKENDS[backend]}", data)
 
 
 def backend_name(exc: BaseException) -> str:

@@ -51,10 +51,19 @@ class Settings(BaseSettings):
     ws_rate_limit: Rate = 5000.0
     mcp_rate_limit: Rate = 1000.0
     mcp_allowed_hosts: str = ""  # comma-separated `name` or `name:port`, e.g. a reverse proxy's public name
+    otlp_rate_limit: Rate = 100.0  # OTLP/HTTP requests a second per agent (usage/receiver.py)
+    otlp_max_body: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    otlp_max_records: int = Field(default=10_000, ge=1, le=1_000_000)  # log records and metric points a request
     redis_spin_us: int = Field(default=250, ge=0, le=10_000)
+    replica_acks: int = Field(default=0, ge=0, le=16)
+    replica_ack_timeout_ms: int = Field(default=1000, ge=1, le=4000)  # under the hot path's 5 s call watchdog
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
     bridge_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=16 * 1024 * 1024 * 1024)
     session_max_events: int = Field(default=100_000, ge=10, le=100_000_000)
+    usage_runs_per_session: int = Field(default=500, ge=1, le=100_000)
+    usage_runs_per_agent: int = Field(default=2000, ge=1, le=1_000_000)
+    usage_ttl: int = Field(default=30 * 86400, ge=60, le=366 * 86400)  # seconds usage outlives its last write
+    usage_metric_models: int = Field(default=20, ge=1, le=1000)  # model labels on the usage metrics, then "other"
     namespace_max_sessions: int = Field(default=10_000, ge=1, le=100_000_000)
     max_connections: int = Field(default=10_000, ge=1, le=1_000_000)
     ws_max_subscriptions: int = Field(default=1000, ge=1, le=1_000_000)

@@ -8,6 +8,10 @@ It prints the events acked, stored, lost (acked but not stored), doubled (one id
 and mismatched (the id it was handed at a seq is not the one stored there), then one JSON line.
 The target is 0 of each; the exit code is 0 when it is met, 1 when not.
 
+With --cluster the run is on a Redis Cluster of 3 primaries with a replica each (chaos_cluster.py): the
+primary of the session's slot is SIGKILLed and its replica promoted, and the session's slot is migrated,
+instead of Redis being restarted; --replica-acks sets the daemons' MEMENTO_REPLICA_ACKS.
+
 Everything runs on loopback under a temporary directory and stops by itself (--max-seconds).
 Redis runs with `appendfsync always` by default, so an acknowledged event is on disk before its reply.
 With `--fsync everysec` (the embedded default) Redis still write()s the AOF before it replies, so killing
@@ -34,6 +38,7 @@ import anyio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from chaos_cluster import ChaosCluster
 from chaos_procs import ChaosRedis, DaemonProc, start_backends
 from chaos_roles import Agent, Watcher
 
@@ -45,6 +50,9 @@ from memento_sessions.logs import configure_logging
 NAMESPACE = "chaos"
 ACTIONS = ["pubsub_kill", "cut_subscribers", "redis_sigterm", "daemon_sigkill", "pubsub_kill", "cut_subscribers",
            "redis_sigkill", "daemon_sigkill"]
+CLUSTER_ACTIONS = ["pubsub_kill", "cut_subscribers", "primary_sigkill", "daemon_sigkill", "slot_migrate",
+                   "cut_subscribers", "primary_sigkill", "daemon_sigkill"]
+Backend = ChaosRedis | ChaosCluster
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,8 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rate", type=float, default=400.0, help="at most this many events a second (default 400)")
     add("--subscribers", type=int, default=2, help="subscribers on each daemon (default 2)")
     add("--interval", type=float, default=5.0, help="seconds between chaos actions (default 5)")
-    add("--actions", default=",".join(dict.fromkeys(ACTIONS)),
-        help=f"chaos actions to rotate through, comma-separated (default all: {', '.join(dict.fromkeys(ACTIONS))})")
+    add("--actions", default="all",
+        help=f"chaos actions to rotate through, comma-separated (default all: {', '.join(dict.fromkeys(ACTIONS))}; "
+             f"with --cluster {', '.join(dict.fromkeys(CLUSTER_ACTIONS))})")
+    add("--cluster", action="store_true", help="on a Redis Cluster of 3 primaries with a replica each")
+    add("--replica-acks", type=int, default=0, help="the daemons' MEMENTO_REPLICA_ACKS (default 0)")
     add("--fsync", choices=["always", "everysec"], default="always", help="Redis appendfsync (default always)")
     add("--timeout", type=float, default=5.0, help="seconds the agent waits for one reply before retrying")
     add("--settle", type=float, default=60.0, help="seconds subscribers get to catch up after the agent")
@@ -72,9 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 class Chaos:
     """The servers, the daemons, and the actions done to them."""
 
-    def __init__(self, opts: argparse.Namespace, redis: ChaosRedis, daemons: list[DaemonProc],
-                 watchers: list[Watcher]) -> None:
+    def __init__(self, opts: argparse.Namespace, redis: Backend, daemons: list[DaemonProc],
+                 watchers: list[Watcher], session_id: str) -> None:
         self.opts, self.redis, self.daemons, self.watchers = opts, redis, daemons, watchers
+        self.session_key = session_keys(NAMESPACE, session_id).session
         self.rng = random.Random(opts.seed)
         self.done: list[str] = []
         self.started = time.monotonic()
@@ -85,7 +97,8 @@ class Chaos:
 
     async def run(self, stop: anyio.Event) -> None:
         """One action every `interval` seconds, in rotation, until `stop`."""
-        actions = [a for a in ACTIONS if a in self.opts.actions.split(",")]
+        rotation = CLUSTER_ACTIONS if isinstance(self.redis, ChaosCluster) else ACTIONS
+        actions = [a for a in rotation if self.opts.actions == "all" or a in self.opts.actions.split(",")]
         for turn in range(10**9):
             with anyio.move_on_after(self.opts.interval):
                 await stop.wait()
@@ -98,8 +111,16 @@ class Chaos:
             self.say(f"{action}: {detail} ({time.monotonic() - took:.1f}s); {self.progress()}")
 
     async def pubsub_kill(self) -> str:
-        killed = await anyio.to_thread.run_sync(lambda: self.redis.client().client_kill_filter(_type="pubsub"))
+        killed = await anyio.to_thread.run_sync(self.redis.kill_pubsub)
         return f"{killed} pub/sub connection(s) killed"
+
+    async def primary_sigkill(self) -> str:
+        assert isinstance(self.redis, ChaosCluster)
+        return await anyio.to_thread.run_sync(self.redis.primary_sigkill, self.session_key)
+
+    async def slot_migrate(self) -> str:
+        assert isinstance(self.redis, ChaosCluster)
+        return await anyio.to_thread.run_sync(self.redis.migrate, self.session_key)
 
     async def cut_subscribers(self) -> str:
         chosen = self.rng.sample(self.watchers, max(1, len(self.watchers) // 2))
@@ -112,6 +133,7 @@ class Chaos:
         return await self._restart_redis(signal.SIGKILL)
 
     async def _restart_redis(self, sig: int) -> str:
+        assert isinstance(self.redis, ChaosRedis)
         await anyio.to_thread.run_sync(self.redis.kill, sig)
         down = time.monotonic()
         # Started from this (the main) thread, not a worker: the child's parent-death signal fires when the
@@ -129,9 +151,10 @@ class Chaos:
         return f"{daemon.name} SIGKILLed, ready again in {ready:.1f}s"
 
 
-def stored(server: ChaosRedis, session_id: str) -> list[tuple[int, str | None]]:
+def stored(server: Backend, session_id: str) -> list[tuple[int, str | None]]:
     """(seq, id) of every stored event of the session, in seq order."""
-    client, key = server.client(), session_keys(NAMESPACE, session_id).events
+    key = session_keys(NAMESPACE, session_id).events
+    client = server.client_for(key)
     found: list[tuple[int, str | None]] = []
     total: int = client.zcard(key)
     for start in range(0, total, 10_000):
@@ -200,14 +223,14 @@ async def settle(watchers: list[Watcher], last_seq: int, timeout: float) -> None
             await anyio.sleep(0.1)
 
 
-async def drive(opts: argparse.Namespace, redis: ChaosRedis, daemons: list[DaemonProc], token: str) -> dict[str, Any]:
+async def drive(opts: argparse.Namespace, redis: Backend, daemons: list[DaemonProc], token: str) -> dict[str, Any]:
     """Create the session, run agent, subscribers and chaos, and measure."""
     deadline = time.monotonic() + opts.max_seconds - opts.settle - 15
     async with Client(daemons[0].url, token) as client:
         session_id = (await client.create_session(labels={"run": "chaos"}))["sessionId"]
     watchers = [Watcher(f"{d.name}-{i}", d.url, token, session_id) for d in daemons for i in range(opts.subscribers)]
     agent = Agent([d.url for d in daemons], token, session_id, opts)
-    chaos, stop = Chaos(opts, redis, daemons, watchers), anyio.Event()
+    chaos, stop = Chaos(opts, redis, daemons, watchers, session_id), anyio.Event()
     chaos.progress = lambda: f"{len(agent.acked)} acked, subscribers at {[w.last_seq for w in watchers]}"
     async with anyio.create_task_group() as tg:
         for watcher in watchers:
@@ -229,8 +252,9 @@ def dict_count(items: list[str]) -> dict[str, int]:
     return {item: items.count(item) for item in dict.fromkeys(items)}
 
 
-def start_daemons(workdir: Path, redis: ChaosRedis, postgres_dsn: str, secret: str, opts: Any) -> list[DaemonProc]:
-    env = {"MEMENTO_REDIS_URL": redis.tcp_url, "MEMENTO_POSTGRES_DSN": postgres_dsn, "MEMENTO_AUTH_SECRET": secret,
+def start_daemons(workdir: Path, redis: Backend, postgres_dsn: str, secret: str, opts: Any) -> list[DaemonProc]:
+    env = {**redis.env(), "MEMENTO_REPLICA_ACKS": str(opts.replica_acks),
+           "MEMENTO_REDIS_URL": redis.tcp_url, "MEMENTO_POSTGRES_DSN": postgres_dsn, "MEMENTO_AUTH_SECRET": secret,
            "MEMENTO_CHECKPOINT_EVERY": str(opts.checkpoint_every),
            "MEMENTO_SESSION_MAX_EVENTS": str(max(opts.events + 1_000, 100_000))}
     daemons = [DaemonProc(name, workdir, env) for name in ("daemon-a", "daemon-b")]
@@ -246,13 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging("console", "warning")  # the client's reconnect notes would drown the report
     workdir = opts.workdir or Path(tempfile.mkdtemp(prefix="memento-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    redis, postgres = start_backends(workdir, opts.fsync)
+    redis, postgres = start_backends(workdir, opts.fsync, opts.cluster)
     daemons: list[DaemonProc] = []
     try:
         secret = secrets.token_urlsafe(48)
         daemons = start_daemons(workdir, redis, postgres.url, secret, opts)
         token = issue_token(secret, "chaos-agent", NAMESPACE, "sessions:read sessions:write", 6 * 3600)
-        print(f"Redis on 127.0.0.1:{redis.port} (appendfsync {redis.applied_fsync()}), daemons on "
+        where = "a Redis Cluster" if opts.cluster else f"Redis on 127.0.0.1:{redis.port}"  # type: ignore[union-attr]
+        print(f"{where} (appendfsync {redis.applied_fsync()}), daemons on "
               f"{', '.join(str(d.port) for d in daemons)}; logs in {workdir}", flush=True)
         result = anyio.run(drive, opts, redis, daemons, token)
         result.update(options={**vars(opts), "workdir": str(workdir)}, appendfsync=redis.applied_fsync(),

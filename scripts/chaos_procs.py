@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 import redis
+from chaos_cluster import ChaosCluster
 
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
@@ -47,6 +48,17 @@ class ChaosRedis(EmbeddedRedis):
     def client(self) -> redis.Redis:
         """A synchronous client over loopback TCP (the daemons use the same URL); replies decoded."""
         return redis.Redis.from_url(self.tcp_url, socket_timeout=10, decode_responses=True)
+
+    def client_for(self, key: str) -> redis.Redis:
+        """The client of the server that holds `key`: the one server."""
+        return self.client()
+
+    def kill_pubsub(self) -> int:
+        return int(self.client().client_kill_filter(_type="pubsub"))
+
+    def env(self) -> dict[str, str]:
+        """What the daemons need besides the Redis URL: nothing (FalkorDB is this server)."""
+        return {}
 
     def kill(self, sig: int) -> None:
         """Send `sig` and wait for the process to end (a SIGTERM lets Redis fsync the AOF and exit)."""
@@ -150,9 +162,10 @@ class DaemonProc:
         return found
 
 
-def start_backends(workdir: Path, fsync: str) -> tuple[ChaosRedis, EmbeddedPostgres]:
-    """Redis (+FalkorDB) and Postgres under `workdir`, each on a free loopback port."""
-    server = ChaosRedis(workdir / "redis", fsync)
+def start_backends(workdir: Path, fsync: str, cluster: bool = False) -> tuple[ChaosRedis | ChaosCluster,
+                                                                             EmbeddedPostgres]:
+    """Redis (+FalkorDB), or a Redis Cluster and a FalkorDB, and Postgres under `workdir`, on loopback ports."""
+    server: ChaosRedis | ChaosCluster = ChaosCluster(workdir) if cluster else ChaosRedis(workdir / "redis", fsync)
     server.start()
     postgres = EmbeddedPostgres(workdir / "postgres")
     postgres.start()

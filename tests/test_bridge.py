@@ -174,7 +174,9 @@ async def test_isolate_gives_an_agents_events_anchors_per_entity_and_perf_sum(da
     assert [(i["entityId"], [a["checkpointId"] for a in i["anchors"]]) for i in alice["impacts"]] == [
         ("fn:invoice", [cp2]), ("fn:login", [cp1])]
     assert alice["totalPerfDelta"] == -3.5
+    usage = nobody.pop("usage")  # the session's usage totals (tests/test_usage_get.py): no run here
     assert nobody == {"agentId": "dave", "events": [], "impacts": [], "totalPerfDelta": 0.0, "source": "live"}
+    assert (usage["runs"], usage["inputTokens"], usage["costUsd"]) == (0, 0, None)
 
 
 RELATED = {

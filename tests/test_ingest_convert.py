@@ -45,10 +45,11 @@ def test_claude_code_transcript_sample_counts() -> None:
     result = convert_lines(lines("spotter_tool_heavy.jsonl"))
     # Lines 1, 19, 25 are file-history-snapshots; 2, 3, 6-8, 14-16, 31, 35 hook_progress; 9, 10 queue-operations.
     assert result.stats.as_dict() == {
-        "records": 39, "events": 28, "capped": 0,  # the longest tool result (line 33) has 3,061 characters
+        "records": 39, "events": 33, "capped": 0,  # the longest tool result (line 33) has 3,061 characters
         "skipped": {"type:file-history-snapshot": 3, "progress:hook_progress": 10, "type:queue-operation": 2}}
     # Prompts on lines 4 and 26 start queries; the interrupts on lines 18 and 39 fail them.
-    assert by_type(result.events) == {"block:upsert": 24, "query:started": 2, "query:failed": 2}
+    # Usage on lines 5, 12 (13 repeats it), 27 (28-30 repeat it), 33 and 37 (the same message, grown to 173 out).
+    assert by_type(result.events) == {"block:upsert": 24, "query:started": 2, "query:failed": 2, "usage": 5}
     view = reduce(result.events).view()
     # 2 prompts, 6 tool uses (their results merge into them), text on 12 and 27, thinking on 28, and 7 system
     # lines: interrupts 18 and 39, meta/command lines 20-22, local_command records 23-24.
@@ -69,13 +70,13 @@ def test_claude_code_transcript_sample_counts() -> None:
 
 def test_stream_json_sample() -> None:
     result = convert_lines(lines("gleam_basic_query.ndjson"))
-    assert result.stats.as_dict() == {"records": 3, "events": 5, "capped": 0, "skipped": {}}
+    assert result.stats.as_dict() == {"records": 3, "events": 6, "capped": 0, "skipped": {}}
     assert [event["type"] for event in result.events] == [
-        "metadata:update", "query:started", "block:upsert", "query:completed", "session:idle"]
+        "metadata:update", "query:started", "block:upsert", "usage", "query:completed", "session:idle"]
     assert result.events[0]["data"]["init"]["model"] == "claude-opus-4-5-20251101"
     assert result.events[2]["data"]["block"] == {"id": "msg_01Y1Lo6gYUXN71XaAq7sjUPm:0", "kind": "assistant_text",
                                                  "status": "complete", "content": "4"}
-    done = result.events[3]
+    done = result.events[4]
     assert done["id"] == "894a597c-b4ec-4baf-8a0e-6809b77f00b0"
     assert (done["data"]["result"], done["data"]["numTurns"], done["data"]["totalCostUsd"]) == ("4", 1, 0.1354875)
     assert reduce(result.events).view()["idle"] is True

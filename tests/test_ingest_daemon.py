@@ -61,14 +61,14 @@ async def test_ingest_the_transcript_sample_then_again_writes_nothing(daemon: Da
     sample = str(FIXTURES / "spotter_tool_heavy.jsonl")
     code, out, _ = await ingest(daemon, namespace, sample, "--session", "spotter")
     assert code == 0
-    # The converter's hand-counted figures (test_ingest_convert): 39 records, 28 events, 15 skipped.
-    assert out.strip() == ("ingested 1 input(s): 39 records read, 28 events written, 0 already there, 0 capped; "
+    # The converter's hand-counted figures (test_ingest_convert): 39 records, 33 events, 15 skipped.
+    assert out.strip() == ("ingested 1 input(s): 39 records read, 33 events written, 0 already there, 0 capped; "
                            "skipped 15 (progress:hook_progress 10, type:file-history-snapshot 3, "
                            "type:queue-operation 2)")
     code, out, _ = await ingest(daemon, namespace, sample, "--session", "spotter")
-    assert code == 0 and "28 events written" not in out and "0 events written, 28 already there" in out
+    assert code == 0 and "33 events written" not in out and "0 events written, 33 already there" in out
     async with Client(url(daemon), token("reader", namespace), reconnect=False) as client:
-        assert (await client.get("spotter"))["session"]["seq"] == 28
+        assert (await client.get("spotter"))["session"]["seq"] == 33
         page = await client.call("session.conversation", {"sessionId": "spotter"})
         condensed = await client.get("spotter", condensed=True)
     kinds: dict[str, int] = {}
@@ -81,7 +81,7 @@ async def test_ingest_the_transcript_sample_then_again_writes_nothing(daemon: Da
     assert [prompt["prompt"][:28] for prompt in condensed["prompts"]] == [
         "start phoenix in background", "scrolling back in xterm.js s"]
     assert condensed["todos"] == [] and condensed["tasks"] == []
-    assert condensed["counts"] == {"block:upsert": 24, "query:started": 2, "query:failed": 2}
+    assert condensed["counts"] == {"block:upsert": 24, "query:started": 2, "query:failed": 2, "usage": 5}
 
 
 async def test_failing_then_passing_pytest_gives_one_transition_whose_window_holds_the_edits(

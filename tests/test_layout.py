@@ -17,7 +17,7 @@ ROOT = Path(memento_sessions.__file__).parent
 RANKS: list[set[str]] = [
     {"ground"},  # the modules of the package root, cli.py and the cli_*.py commands excepted
     {"ingest"},  # pure converters and the reducer: the client and the daemon both fold with it
-    {"redisio", "embedded", "client", "dashboard"},
+    {"redisio", "embedded", "client", "dashboard", "usage"},
     {"sessions"},
     {"kg"},
     {"checkpoints", "coordination"},

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = {"create_session", "join_session", "emit_event", "get_session", "list_sessions", "checkpoint_session",
          "get_transitions", "isolate_session", "get_handoff_context", "session_outcomes", "get_conversation",
-         *COORDINATION, *LIFECYCLE}  # their shapes: tests/test_mailbox.py, tests/test_lifecycle.py
+         "usage", *COORDINATION, *LIFECYCLE}  # their shapes: tests/test_mailbox.py, tests/test_lifecycle.py
 HEADERS = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}
@@ -630,6 +630,11 @@ async def test_every_tool_output_declares_exactly_the_keys_its_method_returns(da
         assert condensed["truncated"] == ["entities"]
         assert "nextCursor" in await both("list_sessions", {"limit": 1}, "session.list")
         await both("list_sessions", {}, "session.list")
+        runs = (await ws.call("session.create", {}))["sessionId"]  # two runs: their usage in two pages
+        await emit_many(ws, runs, 2, lambda n: {"type": "query:started"})
+        assert "nextCursor" in await both("usage", {"sessionId": runs, "limit": 1}, "usage.get")
+        await both("usage", {"agentId": "helper"}, "usage.get")
+        await both("usage", {}, "usage.get")
 
     declared = set().union(*(declared_keys(schema, schema.get("$defs", {}), tool) for tool, schema in schemas.items()
                             if schema is not None and tool not in COORDINATION | LIFECYCLE))

@@ -169,7 +169,10 @@ async def test_memory_per_move_is_bounded_by_the_chunk_size_not_the_session(
         tiny = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
         warm = await peak_growth(lambda: fork(lifecycle, alice, tiny, 1, None))  # first-call costs, once
         assert warm < bound
-        grown = {"fork": await peak_growth(lambda: fork(lifecycle, alice, sid, 501, None)),
+        # The daemon's other tasks in this process (heartbeats, other tests' daemons) allocate too: the fork,
+        # which can be repeated, is taken at the least of three (one fork of a full suite's run saw 1.5 MB).
+        forks = [await peak_growth(lambda: fork(lifecycle, alice, sid, 501, None)) for _ in range(3)]
+        grown = {"fork": min(forks),
                  "suspend": await peak_growth(lambda: lifecycle.suspend(namespace, sid))}
 
         async def stored_page() -> object:  # session.get {since, limit} of the suspended session

@@ -8,6 +8,7 @@ from memento_sessions.bridge.bridge import SessionBridge
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import ClientId, EntityId, Seq
+from memento_sessions.usage.query import session_totals
 
 
 class TransitionsParams(SessionParams):
@@ -32,10 +33,14 @@ def register(registry: Registry, bridge: SessionBridge) -> None:
         return await bridge.transitions(call.identity.namespace, p.sessionId, p.entityId)
 
     async def isolate(call: Call, p: IsolateParams) -> Result:
-        return await bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
+        result = await bridge.isolate(call.identity.namespace, p.sessionId, p.agentId, p.since, p.limit)
+        return {**result, "usage": (await session_totals(bridge.manager.redis, call.identity.namespace,
+                                                         p.sessionId))["totals"]}
 
     async def handoff(call: Call, p: SessionParams) -> Result:
-        return await bridge.handoff(call.identity.namespace, p.sessionId)
+        result = await bridge.handoff(call.identity.namespace, p.sessionId)
+        return {**result, "usage": (await session_totals(bridge.manager.redis, call.identity.namespace,
+                                                         p.sessionId))["totals"]}
 
     async def outcomes(call: Call, p: OutcomesParams) -> Result:
         return await bridge.outcomes(call.identity.namespace, p.clusterId, p.days)

@@ -89,6 +89,12 @@ class Methods:
         params = {"sessionId": session_id, "events": events}
         return await self.call("event.emitBatch", params, retry=all("id" in event for event in events))
 
+    async def usage(self, *, session_id: str | None = None, agent_id: str | None = None, since: str | None = None,
+                    cursor: str | None = None, limit: int | None = None) -> Result:
+        """`usage.get`: {totals, bySource, runs, nextCursor?} of a session, an agent, or (neither) the namespace."""
+        params = compact(sessionId=session_id, agentId=agent_id, since=since, cursor=cursor, limit=limit)
+        return await self.call("usage.get", params, retry=True)
+
     async def checkpoint(self, session_id: str, *, final: bool = False) -> Result:
         """`session.checkpoint`: {checkpointId, outcome, brokeDuring, keyImpacts, perfDelta, actors, ...}."""
         return await self.call("session.checkpoint", compact(sessionId=session_id, final=final or None))

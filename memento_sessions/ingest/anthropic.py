@@ -14,6 +14,7 @@ from typing import Any
 from memento_sessions.ingest import blocks
 from memento_sessions.ingest.events import Converter, Event, cut, digest, event_id, make_event
 from memento_sessions.ingest.signals import SHELL_TOOLS, edit_event, exit_code_of, outcome_event
+from memento_sessions.ingest.usage import anthropic_totals, reported
 
 MEMORY = 4096  # tool uses awaiting a result and messages with an index remembered; the oldest are forgotten
 _SYSTEM_PREFIXES = ("<local-command", "<command-", "<system-reminder>", "Caveat:")
@@ -37,6 +38,7 @@ class AnthropicConverter(Converter):
         self.tools = Bounded()  # tool_use id -> (name, input, subagent id)
         self.next_index = Bounded()  # message id -> index of its next content block
         self.agents = Bounded()  # agent id -> subagent id (the Task tool use that started it)
+        self.usage = Bounded()  # message id -> its usage last reported (ingest/usage.py)
 
     def block_index(self, message_id: str) -> int:
         """The index of the next content block of a message (records may carry one block each)."""
@@ -53,6 +55,10 @@ class AnthropicConverter(Converter):
         events: list[Event] = []
         for item in message["content"]:
             events += self.content_block(item, message_id, self.block_index(message_id), sub, record)
+        totals = anthropic_totals(message.get("usage"))
+        if totals is not None:
+            events += reported(self.stats, self.usage, message_id, totals, message.get("model"), sub,
+                               record.get("timestamp"))
         return events
 
     def content_block(self, item: Any, message_id: str, index: int, sub: str | None,

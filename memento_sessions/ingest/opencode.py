@@ -15,6 +15,7 @@ from memento_sessions.ingest import blocks
 from memento_sessions.ingest.anthropic import Bounded
 from memento_sessions.ingest.events import Converter, Event, cut, digest, event_id, make_event, obj
 from memento_sessions.ingest.signals import EDIT_TOOLS, SHELL_TOOLS, edit_event, file_entity, outcome_event
+from memento_sessions.ingest.usage import count, money, reported
 
 _TEXT_KINDS = {"text": "assistant_text", "reasoning": "thinking"}
 _WATCH = {"add": "file:created", "change": "file:modified", "unlink": "file:deleted"}
@@ -29,6 +30,7 @@ class OpenCode(Converter):
         self.children = Bounded()  # child session id -> subagent id (the task tool's call id)
         self.spawned = Bounded()  # task parts whose subagent was announced
         self.counts = Bounded()  # per-key counters for events a stream repeats identically (deltas, idles)
+        self.usage = Bounded()  # message id -> its tokens and cost last reported (ingest/usage.py)
 
     def convert(self, record: dict[str, Any]) -> list[Event]:
         """The events of one OpenCode event (a bare `{type, properties}` or a global `{payload}` wrapper)."""
@@ -60,9 +62,21 @@ class OpenCode(Converter):
         stamp = obj(info.get("time")).get("created")
         if role == "user" and self.sub(info) is None:
             return [make_event(self.stats, event_id(msg_id, "query"), "query:started", {"messageId": msg_id}, stamp)]
-        if role == "assistant" and isinstance(info.get("error"), dict):
-            return [make_event(self.stats, event_id(msg_id, "failed"), "query:failed", {"error": info["error"]}, stamp)]
-        return self.stats.skip(f"message.updated:{role}")
+        if role != "assistant":
+            return self.stats.skip(f"message.updated:{role}")
+        events = self.tokens(info, msg_id, stamp)
+        if isinstance(info.get("error"), dict):
+            events.append(make_event(self.stats, event_id(msg_id, "failed"), "query:failed", {"error": info["error"]},
+                                     stamp))
+        return events or self.stats.skip("message.updated:assistant")
+
+    def tokens(self, info: dict[str, Any], msg_id: str, stamp: Any) -> list[Event]:
+        """An assistant message's tokens and cost so far (reasoning is billed as output)."""
+        tokens = obj(info.get("tokens"))
+        cache = obj(tokens.get("cache"))
+        totals = (count(tokens.get("input")), count(tokens.get("output")) + count(tokens.get("reasoning")),
+                  count(cache.get("read")), count(cache.get("write")), money(info.get("cost")))
+        return reported(self.stats, self.usage, msg_id, totals, info.get("modelID"), self.sub(info), stamp)
 
     def sub(self, item: dict[str, Any]) -> str | None:
         """The subagent a part or message belongs to (its session is a task's child session)."""

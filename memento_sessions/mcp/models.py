@@ -147,6 +147,7 @@ class SessionDetail(TypedDict):
     perfDelta: NotRequired[float | None]  # null when the sum is not a finite number
     truncated: NotRequired[list[str]]  # the condensed lists that were cut
     lastCheckpoint: NotRequired[Json | None]
+    usage: NotRequired[Json]  # condensed: the session's usage totals (usage.get)
 
 
 @with_config(_OPEN)
@@ -202,6 +203,7 @@ class Isolated(TypedDict):
     impacts: list[EntityImpact]
     totalPerfDelta: float
     source: Source
+    usage: Json  # the session's usage totals (usage.get)
 
 
 @with_config(_OPEN)
@@ -215,6 +217,7 @@ class Handoff(TypedDict):
     source: Source
     leases: list[Json]  # live leases on the handoff's entities (coordination)
     openConflicts: list[Json]  # those held by agents outside the session
+    usage: Json  # the session's usage totals (usage.get)
 
 
 @with_config(_OPEN)

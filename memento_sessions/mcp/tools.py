@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from memento_sessions import __version__
 from memento_sessions.auth import Identity
 from memento_sessions.errors import InvalidParams, MethodNotFound, RpcError
-from memento_sessions.mcp import tools_coordination, tools_ingest, tools_lifecycle
+from memento_sessions.mcp import tools_coordination, tools_ingest, tools_lifecycle, tools_usage
 from memento_sessions.mcp.models import (
     AgentFilter,
     AgentId,
@@ -223,7 +223,7 @@ class Tools:
             (self.get_transitions, READ), (self.isolate_session, READ), (self.get_handoff_context, READ),
             (self.session_outcomes, READ), *tools_ingest.registrations(self),
             *tools_coordination.registrations(self),
-            *tools_lifecycle.registrations(self),
+            *tools_lifecycle.registrations(self), *tools_usage.registrations(self),
         ]
 
 

@@ -6,8 +6,9 @@ session carries the session's hash tag, so one Function call touches one slot an
 
 A MOVED reply (the slot has a new owner: a failover or a resharding) re-reads the topology and sends
 the call to the new owner; an ASK reply (a slot half-way through a migration) sends ASKING and the call
-to the named node, in one write. A lost connection is not retried (a Function may have run; see
-pipe.py): the topology is re-read before the next call, so calls reach a promoted replica.
+to the named node, in one write; with `Acks`, the WAIT goes to the node that ran the call. A lost
+connection is not retried (a Function may have run; see pipe.py): the topology is re-read before the
+next call, so calls reach a promoted replica.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from redis.exceptions import ResponseError
 
 from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.logs import get_logger
-from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.redisio.pipe import Acks, Pipe
 from memento_sessions.retry import RECONNECT, Backoff, Failures
 
 log = get_logger(__name__)
@@ -67,13 +68,23 @@ class ClusterPipe(Pipe):
 
     async def call(self, *args: str | int | float) -> Any:
         """Send the command to the primary of its key's slot, following MOVED/ASK redirections."""
+        return await self._routed(args, None)
+
+    async def call_acked(self, acks: Acks, *args: str | int | float) -> Any:
+        """`call`, answered once `acks.replicas` replicas of the primary that ran it hold its write: the WAIT
+        goes to that primary (after a redirection, to the node that served the call)."""
+        return await self._routed(args, acks)
+
+    async def _routed(self, args: tuple[str | int | float, ...], acks: Acks | None) -> Any:
         await self._fresh()
         node = self.topology.nodes_manager.get_node_from_slot(key_slot(key_of(args).encode()))
         host, port, asking = node.host, int(node.port), False
         for _ in range(MAX_REDIRECTS):
             pipe = self._pipe(host, port)
             try:
-                return await (pipe.call_asking(*args) if asking else pipe.call(*args))
+                if asking:
+                    return await pipe.call_asking(*args, acks=acks)
+                return await (pipe.call(*args) if acks is None else pipe.call_acked(acks, *args))
             except RedisConnectionError:
                 self._stale = True  # the primary may be gone: read the topology before the next call
                 raise

@@ -9,6 +9,11 @@ a retry safe). A connection that cannot be opened is not tried again before the 
 (retry.RECONNECT by default): meanwhile calls fail at once with the connect error, instead of each
 waiting its own connect timeout in turn while Redis is away.
 
+A call made with `Acks` (MEMENTO_REPLICA_ACKS) is answered once that many replicas hold its write: such
+calls go out on a second connection, where a `WAIT n timeout` follows the commands of each loop turn, and
+that one WAIT covers every write sent before it on the connection (the calls without Acks keep the first
+connection, so they never queue behind a WAIT); past its timeout the call is -32050 (replicas_behind).
+
 After a write on an idle connection the loop is kept polling, not sleeping, until the reply is in
 or `spin` seconds have passed: on a VM, waking a vCPU that went idle costs tens of microseconds,
 twice per round trip, more than Redis's own work on an emit. See docs/hot-path.md.
@@ -20,6 +25,7 @@ import asyncio
 import os
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, cast
 
 import anyio
@@ -28,6 +34,7 @@ from redis.exceptions import BusyLoadingError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import REDIS_SPIN_MISSES, REDIS_SPINS
 from memento_sessions.redisio.resp import Address, connect, pack
@@ -36,6 +43,22 @@ from memento_sessions.retry import RECONNECT, Backoff, Failures
 log = get_logger(__name__)
 CALL_TIMEOUT = 5.0
 POLL_SLICE = 20e-6  # the longest one loop turn reads the socket itself while spinning; then others run
+
+
+@dataclass(frozen=True, slots=True)
+class Acks:
+    """How many replicas must hold a call's write before it is answered, and for how long to wait."""
+
+    replicas: int
+    timeout_ms: int
+
+
+def replicas_behind(acks: Acks, acked: int) -> BackendUnavailable:
+    """The error of a write fewer replicas than asked acknowledged within the timeout: it may be lost in a
+    failover, so the call is unavailable (-32050, data.reason replica_ack_timeout) and retried (an event `id`
+    makes the retry safe)."""
+    return BackendUnavailable(f"redis: {acked} of {acks.replicas} replicas acknowledged within {acks.timeout_ms} ms",
+                              {"backend": "redis", "reason": "replica_ack_timeout"})
 
 
 class _Protocol(asyncio.Protocol):
@@ -51,6 +74,7 @@ class _Protocol(asyncio.Protocol):
         self.spin = spin
         self.spin_until = 0.0
         self.fd = -1  # the plain socket, read directly while spinning (-1: TLS, closed, or no spin)
+        self.acks: dict[Acks, asyncio.Future[Any]] = {}  # the WAIT each Acks will send at the end of this turn
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
@@ -59,9 +83,9 @@ class _Protocol(asyncio.Protocol):
             self.fd = sock.fileno()
         asyncio.get_running_loop().call_later(1.0, self.check)
 
-    def send(self, command: bytes) -> asyncio.Future[Any]:
+    def send(self, command: bytes, future: asyncio.Future[Any] | None = None) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
+        future = future or loop.create_future()
         if not self.waiting and self.transport is not None and self.lost is None:
             self.transport.write(command)  # idle: no one to batch with, so no extra loop turn
             if self.spin:
@@ -76,6 +100,25 @@ class _Protocol(asyncio.Protocol):
             self.progress_at = loop.time()
         self.waiting.append(future)
         return future
+
+    def acked(self, acks: Acks) -> asyncio.Future[Any]:
+        """The reply of a WAIT sent after every command sent so far in this loop turn: one WAIT (queued once
+        per turn) covers the writes of every call of the turn, as Redis's WAIT covers every write sent
+        before it on its connection."""
+        future = self.acks.get(acks)
+        if future is None:
+            loop = asyncio.get_running_loop()
+            future = self.acks[acks] = loop.create_future()
+            future.add_done_callback(_retrieved)  # callers whose own call failed do not await it
+            loop.call_soon(self._send_wait, acks)
+        return future
+
+    def _send_wait(self, acks: Acks) -> None:
+        future = self.acks.pop(acks)
+        if self.lost is not None:
+            future.set_exception(self.lost)
+        else:
+            self.send(pack(("WAIT", acks.replicas, acks.timeout_ms)), future)
 
     def poll(self) -> None:
         """While replies are due and the spin lasts, keep the loop turning instead of sleeping.
@@ -178,6 +221,8 @@ class Pipe:
         self._protocol: _Protocol | None = None
         self._lock = anyio.Lock()
         self._failures = Failures(backoff)
+        self._url, self._backoff = url, backoff
+        self._waits: Pipe | None = None  # the connection of the calls made with Acks (their WAITs hold it)
 
     @staticmethod
     def supports(url: str) -> bool:
@@ -190,13 +235,34 @@ class Pipe:
         protocol = await self._connected()
         return await protocol.send(pack(args))  # the connection's watchdog enforces CALL_TIMEOUT
 
-    async def call_asking(self, *args: str | int | float) -> Any:
+    async def call_asking(self, *args: str | int | float, acks: Acks | None = None) -> Any:
         """ASKING and the command back to back on one connection: a Redis Cluster slot being migrated
         serves the command on the importing node only right after ASKING."""
+        if acks is not None:
+            return await self._acked(acks, args, asking=True)
         protocol = await self._connected()
         asking, reply = protocol.send(pack(("ASKING",))), protocol.send(pack(args))
         await asking
         return await reply
+
+    async def call_acked(self, acks: Acks, *args: str | int | float) -> Any:
+        """`call`, answered once `acks.replicas` replicas hold its write (replicas_behind past the timeout)."""
+        return await self._acked(acks, args, asking=False)
+
+    async def _acked(self, acks: Acks, args: tuple[str | int | float, ...], *, asking: bool) -> Any:
+        """On a connection of their own: a WAIT holds its connection until the replicas answer (up to the
+        timeout, when one is away), and the calls made without Acks must not queue behind it."""
+        if self._waits is None:
+            self._waits = Pipe(self._url, int(self.spin * 1e6), self._backoff)
+        protocol = await self._waits._connected()
+        asked = protocol.send(pack(("ASKING",))) if asking else None
+        reply, acked = protocol.send(pack(args)), protocol.acked(acks)
+        if asked is not None:
+            await asked
+        result = await reply
+        if (count := int(await acked)) < acks.replicas:
+            raise replicas_behind(acks, count)
+        return result
 
     async def _connected(self) -> _Protocol:
         protocol = self._protocol
@@ -228,10 +294,18 @@ class Pipe:
         return protocol
 
     def close(self) -> None:
-        """Close the connection; safe to call twice."""
+        """Close the connections; safe to call twice."""
         protocol, self._protocol = self._protocol, None
         if protocol is not None:
             protocol.close()
+        if self._waits is not None:
+            self._waits.close()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """Mark a shared future's exception as seen (asyncio logs those nobody retrieved)."""
+    if not future.cancelled():
+        future.exception()
 
 
 # Replies of a Redis that is up but cannot serve now: loading its data, busy in a script, a replica without

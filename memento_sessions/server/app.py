@@ -1,4 +1,4 @@
-"""The one HTTP port: /ws, /mcp, /metrics, /healthz and /readyz."""
+"""The one HTTP port: /ws, /mcp, /v1/logs and /v1/metrics (OTLP), /metrics, /healthz and /readyz."""
 
 from __future__ import annotations
 
@@ -11,15 +11,17 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.dashboard import routes as dashboard_routes
 from memento_sessions.server.health import Health, log_ready
+from memento_sessions.usage.receiver import OtlpReceiver
 from memento_sessions.ws.gateway import Gateway
 
 
-def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> ASGIApp:
+def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None,
+              otlp: OtlpReceiver | None = None) -> ASGIApp:
     """The daemon's ASGI app: `/ws` straight to the gateway, everything else through Starlette's router.
 
     Once first ready, the daemon logs what its start cost.
     """
-    routes = build_routes(gateway, health, mcp)
+    routes = build_routes(gateway, health, mcp, otlp)
     health.when_ready(log_ready)
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
@@ -32,8 +34,9 @@ def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> A
     return app
 
 
-def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -> Starlette:
-    """Route the daemon's endpoints; `mcp` serves exactly /mcp when given."""
+def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None,
+                 otlp: OtlpReceiver | None = None) -> Starlette:
+    """Route the daemon's endpoints; `mcp` serves exactly /mcp when given, `otlp` /v1/logs and /v1/metrics."""
 
     async def healthz(_: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -55,4 +58,6 @@ def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None) -
     if mcp is not None:
         # A Route, not a Mount: `POST /mcp` is served as it is instead of redirected to `/mcp/`.
         routes.append(Route("/mcp", mcp))
+    if otlp is not None:
+        routes += otlp.routes()
     return Starlette(routes=routes)

@@ -206,7 +206,7 @@ class Daemon:
         sock = self._sock
         assert sock is not None
         self.port = sock.getsockname()[1]
-        app = build_app(self.gateway, self.health, self.services.mcp_app)
+        app = build_app(self.gateway, self.health, self.services.mcp_app, self.services.otlp)
         config = uvicorn.Config(
             app, lifespan="off", log_config=None, ws=WebSocketsSansIOProtocol, ws_max_size=MAX_FRAME,
             ws_ping_interval=None, ws_ping_timeout=None,  # one task pings them all (server/keepalive.py)

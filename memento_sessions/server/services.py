@@ -20,6 +20,7 @@ from memento_sessions.checkpoints.retention import Lease, retention_job, run_whi
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.coordination import methods as coordination_methods
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.embedded.datadir import auth_secret
 from memento_sessions.kg import methods as kg_methods
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.mcp.http import serve_mcp
@@ -32,6 +33,9 @@ from memento_sessions.sessions import methods as session_methods
 from memento_sessions.sessions.janitor import janitor
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
+from memento_sessions.usage import methods as usage_methods
+from memento_sessions.usage.receiver import OtlpReceiver
+from memento_sessions.usage.store import UsageStore
 from memento_sessions.ws.subscriptions import Subscriptions
 
 
@@ -46,6 +50,7 @@ class Services:
     fanout: Fanout
     checkpointer: Checkpointer
     mcp_app: ASGIApp | None = None
+    otlp: OtlpReceiver | None = None  # POST /v1/logs and /v1/metrics
 
     async def drain(self) -> None:
         """Finish in-flight checkpoints (bounded) before shutdown."""
@@ -71,6 +76,8 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             session_methods.register(registry, manager)
             tg.start_soon(lifecycle_methods.register(registry, manager, backends).run)  # extends session.*
             conversation_methods.register(registry, manager)
+            usage = UsageStore(backends.redis, settings)
+            usage_methods.register(registry, usage)  # folds what event.emit and event.emitBatch store
             Subscriptions(manager, fanout).register(registry)
             checkpoint_methods.register(registry, checkpointer)
             kg_methods.register(registry, graphs)
@@ -81,7 +88,8 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             await tg.start(coordination.run)
             coordination_methods.register(registry, coordination)  # after the others: it hooks them
             async with serve_mcp(settings, registry) as mcp_app:
-                yield Services(settings, backends, registry, manager, fanout, checkpointer, mcp_app)
+                otlp = OtlpReceiver(usage, settings, settings.auth_secret or auth_secret(settings.data_dir))
+                yield Services(settings, backends, registry, manager, fanout, checkpointer, mcp_app, otlp)
             tg.cancel_scope.cancel()
     finally:
         await fanout.aclose()

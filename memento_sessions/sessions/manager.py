@@ -22,7 +22,7 @@ from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import Conflict, Forbidden, InvalidParams, NotFound
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMIT_SECONDS, EVENTS, REPLY_PAGES, SESSION_LIMIT_REFUSALS
-from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.redisio.pipe import Acks, Pipe
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.conversation import ConversationFold
@@ -31,6 +31,7 @@ from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_
 from memento_sessions.sessions.snapshot_store import snapshot_at
 from memento_sessions.sessions.store import FunctionStore
 from memento_sessions.settings import Settings
+from memento_sessions.usage.query import session_totals
 
 log = get_logger(__name__)
 
@@ -61,6 +62,11 @@ def iso(ms: int) -> str:
 @functools.lru_cache(maxsize=4)
 def _iso_second(second: int) -> str:
     return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def replica_acks(settings: Settings) -> Acks | None:
+    """What an emit waits for before its reply (MEMENTO_REPLICA_ACKS replicas), None when nothing."""
+    return Acks(settings.replica_acks, settings.replica_ack_timeout_ms) if settings.replica_acks else None
 
 
 def json_text(value: str) -> str:
@@ -335,8 +341,9 @@ class SessionManager:
         args: list[str | int] = [now, who.agent_id, channel, session_json, self.settings.session_max_events]
         for event in events:
             args += [event.id or "", event.new_state(), event_body(event, who.agent_id, session_json, stamp)]
+        acks = replica_acks(self.settings)
         try:
-            flat = await self.store.call("ms_emit", skeys, *args)
+            flat = await self.store.call("ms_emit", skeys, *args, acks=acks)
         except Conflict as exc:
             if not (isinstance(exc.data, dict) and exc.data.get("reason") == "session_full"):
                 raise
@@ -344,7 +351,7 @@ class SessionManager:
             if self.on_full is None or not await self.on_full(who.namespace, session_id):
                 SESSION_LIMIT_REFUSALS.labels("session_full").inc()
                 raise
-            flat = await self.store.call("ms_emit", skeys, *args)
+            flat = await self.store.call("ms_emit", skeys, *args, acks=acks)
         done = [Emitted(int(flat[2 * i]), flat[2 * i + 1] == 1, event) for i, event in enumerate(events)]
         EMIT_SECONDS.observe(time.perf_counter() - started)
         self._notify(who.namespace, session_id, done)
@@ -406,7 +413,8 @@ class SessionManager:
                 break
             members = await self._events_after(events_key, seq_of(members[-1]), CHUNK)
         return {"session": session, **folder.result(), **conversation.condensed(),
-                "lastCheckpoint": session["lastCheckpoint"]}
+                "lastCheckpoint": session["lastCheckpoint"],
+                "usage": (await session_totals(self.redis, namespace, session_id))["totals"]}
 
     async def view(self, namespace: str, session_id: str) -> dict[str, Any]:
         """The session view alone (no events)."""

@@ -12,7 +12,7 @@ from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Conflict, NotFound, RpcError
 from memento_sessions.keys import SessionKeys
 from memento_sessions.logs import get_logger
-from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.redisio.pipe import Acks, Pipe, replicas_behind
 
 log = get_logger(__name__)
 LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()
@@ -33,10 +33,11 @@ class FunctionStore:
         redis-py sends FUNCTION LOAD to every primary (a promoted replica has it already: it replicates)."""
         await self.redis.function_load(self.library, replace=True)
 
-    async def call(self, function: str, keys: SessionKeys, *args: str | int | float) -> Any:
-        """FCALL `function`; a function error becomes its JSON-RPC error."""
+    async def call(self, function: str, keys: SessionKeys, *args: str | int | float, acks: Acks | None = None) -> Any:
+        """FCALL `function`; a function error becomes its JSON-RPC error. With `acks`, answered once that many
+        replicas hold the write (-32050 replica_ack_timeout past the timeout)."""
         try:
-            return await self._fcall(function, keys, args)
+            return await self._fcall(function, keys, args, acks)
         except ResponseError as exc:
             message = str(exc)
             if "Function not found" not in message:
@@ -44,7 +45,7 @@ class FunctionStore:
         log.warning("redis lost the function library; reloading")
         await self.load()
         try:
-            return await self._fcall(function, keys, args)
+            return await self._fcall(function, keys, args, acks)
         except ResponseError as exc:
             raise translate(str(exc)) from None
 
@@ -59,10 +60,28 @@ class FunctionStore:
             return await self.add_to_index(index, session_id, now, max_sessions)
         return bool(added)
 
-    async def _fcall(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...]) -> Any:
+    async def _fcall(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...],
+                     acks: Acks | None = None) -> Any:
+        if acks is not None:
+            return await self._fcall_acked(function, keys, args, acks)
         if self.pipe is not None:
             return await self.pipe.call("FCALL", function, 4, *keys.all(), *args)
         return await self.redis.fcall(function, 4, *keys.all(), *args)
+
+    async def _fcall_acked(self, function: str, keys: SessionKeys, args: tuple[str | int | float, ...],
+                           acks: Acks) -> Any:
+        """The FCALL and a WAIT after it on one connection (the pipe's, or one redis-py pipeline's)."""
+        if self.pipe is not None:
+            return await self.pipe.call_acked(acks, "FCALL", function, 4, *keys.all(), *args)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.fcall(function, 4, *keys.all(), *args)
+            pipe.wait(acks.replicas, acks.timeout_ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            raise reply
+        if int(acked) < acks.replicas:
+            raise replicas_behind(acks, int(acked))
+        return reply
 
 
 def library(*, cluster: bool) -> str:

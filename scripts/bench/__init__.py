@@ -15,7 +15,9 @@
     sections.py    the registry: section name -> the coroutine that measures it
     host.py        the host's noise floor: a bare round trip between two processes, to read the others by
     emit.py, fanout.py, replay.py, memory.py, checkpoint.py, bridge.py, ingest.py, coordination.py,
-    lifecycle.py, scale.py (cross-daemon CPU, connection density, deliveries per CPU-second)   the sections
+    lifecycle.py, scale.py (cross-daemon CPU, connection density, deliveries per CPU-second),
+    otlp.py (Claude Code's log records through /v1/logs),
+    replicas.py (emits with MEMENTO_REPLICA_ACKS=1 on a primary and replica of its own)   the sections
     neighbour.py   noisy-neighbour: another namespace's emit latency while one tenant runs a heavy load
     loads.py       the tenant's loads it runs (leases, checkpoints, forks)
     heavy.py       heavy-rss: the daemon's RSS growth per fork, suspend and resume, at two session sizes

@@ -19,7 +19,9 @@ from bench import (
     lifecycle,
     memory,
     neighbour,
+    otlp,
     replay,
+    replicas,
     scale,
 )
 from bench.harness import Env, Figure
@@ -31,6 +33,7 @@ SECTIONS: dict[str, Section] = {
     "emit": emit.sequential,
     "emit-64": emit.concurrent,
     "batch": emit.batch,
+    "replica-acks": replicas.measure,
     "ws-ingest": emit.ws_ingest,
     "handoff-100": fanout.handoff_100,
     "handoff-1000": fanout.handoff_1000,
@@ -45,6 +48,7 @@ SECTIONS: dict[str, Section] = {
     "bridge": bridge.measure,
     "ingest": ingest.ingest,
     "hook": ingest.hook,
+    "otlp": otlp.otlp_logs,
     "lease-acquire": coordination.lease_acquire,
     "mailbox": coordination.mailbox_live,
     "emit-leases": coordination.emit_with_leases,
