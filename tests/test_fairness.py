@@ -8,18 +8,20 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 from memento_sessions.auth import Identity
-from memento_sessions.coordination.pacing import Pacer
 from memento_sessions.coordination.store import CoordStore
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.pacing import Pacer
 from memento_sessions.rpc import Call, Registry, prepare, prepare_in_parts
-from memento_sessions.server.daemon import Daemon, settle_gc
+from memento_sessions.server.daemon import Daemon, running, settle_gc
 from memento_sessions.sessions.methods import EmitBatchParams
-from tests.helpers import token
+from tests.helpers import make_settings, sample, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -147,7 +149,7 @@ class Clock:
 
 def test_a_namespace_sending_large_leases_back_to_back_waits_and_the_others_do_not() -> None:
     clock = Clock()
-    pacer = Pacer(4096, clock)
+    pacer = Pacer(4096, clock=clock)
     assert pacer.charge("heavy", 4096) == 0.0  # the first goes at once
     clock.now += 0.02  # it held Redis 20 ms
     assert pacer.charge("heavy", 4096) == pytest.approx(1.0 - 0.02 - 0.1)  # the next waits for its budget
@@ -157,4 +159,30 @@ def test_a_namespace_sending_large_leases_back_to_back_waits_and_the_others_do_n
     for _ in range(40):  # a few entities at a time, back to back: never waits
         clock.now += 0.01
         assert pacer.charge("light", 40) == 0.0
-    assert Pacer(0, clock).charge("heavy", 10**9) == 0.0  # 0: unpaced
+    assert Pacer(0, clock=clock).charge("heavy", 10**9) == 0.0  # 0: unpaced
+
+
+async def test_one_namespaces_batches_are_paced_and_anothers_are_not(backend_urls: Endpoints, tmp_path: Path,
+                                                                    namespace: str) -> None:
+    """At MEMENTO_BATCH_IDS_PACE 10,000, four batches of 5,000 ids back to back take about 1.4 s (the first
+    goes at once, each next once the earlier ones are paid for), and another namespace's batch meanwhile
+    does not wait; the waits are counted."""
+    settings = make_settings(backend_urls, tmp_path, batch_ids_pace=10_000, checkpoint_every=100_000)
+    waited = sample("memento_paced_seconds_total", {"work": "batch"})
+    events = [{"type": "modified", "changeInfo": {"entityIds": [f"fn:{n}.{i}" for i in range(250)]}}
+              for n in range(20)]
+    async with running(settings) as daemon, rpc(daemon.port, token("heavy", namespace)) as heavy, \
+            rpc(daemon.port, token("light", f"{namespace}-other")) as light:
+        sid = (await heavy.call("session.create", {}))["sessionId"]
+        other = (await light.call("session.create", {}))["sessionId"]
+        started = time.perf_counter()
+        for _ in range(3):
+            await heavy.call("event.emitBatch", {"sessionId": sid, "events": events})
+        light_started = time.perf_counter()
+        await light.call("event.emitBatch", {"sessionId": other, "events": events[:4]})
+        light_took = time.perf_counter() - light_started
+        await heavy.call("event.emitBatch", {"sessionId": sid, "events": events})
+        took = time.perf_counter() - started
+    assert took >= 1.3, took
+    assert light_took < 0.5, light_took
+    assert sample("memento_paced_seconds_total", {"work": "batch"}) - waited >= 0.8

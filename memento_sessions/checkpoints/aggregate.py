@@ -66,8 +66,8 @@ class Tally:
         self.perf_delta, self.broke = 0.0, False
         self.seqs: tuple[int, int] | None = None
 
-    def add(self, events: list[dict[str, Any]]) -> None:
-        """The next part of the window."""
+    def add(self, events: list[dict[str, Any]]) -> int:
+        """The next part of the window; how many entity ids it names."""
         for event in events:
             if "seq" in event:
                 seq = int(event["seq"])
@@ -79,9 +79,11 @@ class Tally:
             for impact in _key_impacts(event):
                 if self.cap is None or len(self.impacts) < self.cap:
                     self.impacts.setdefault(impact)
-        new = {entity for event in events for entity in _entity_ids(event)} - self.seen
+        named = [entity for event in events for entity in _entity_ids(event)]
+        new = set(named) - self.seen
         self.seen |= new
         self.kept = [*self.kept, *new] if self.cap is None else smallest([*self.kept, *new], self.cap)
+        return len(named)
 
     def summary(self, state: str) -> Summary:
         """The summary of every part added; `state` is the outcome."""

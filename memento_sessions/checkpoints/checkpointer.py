@@ -39,8 +39,10 @@ from memento_sessions.metrics import (
     CHECKPOINT_ENTITIES_SKIPPED,
     CHECKPOINTS,
     KG_ANCHORS_WRITTEN,
+    PACED_SECONDS,
     SNAPSHOTS_DEFERRED,
 )
+from memento_sessions.pacing import Pacer
 from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import Emitted, SessionManager, now_ms
@@ -107,6 +109,7 @@ class Checkpointer:
         self._queued: set[tuple[str, str]] = set()
         self._tg: TaskGroup | None = None
         self.in_flight = 0
+        self.pacer = Pacer(settings.batch_ids_pace, PACED_SECONDS.labels("checkpoint"))
         manager.listeners.append(self.on_emitted)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -198,7 +201,7 @@ class Checkpointer:
             return {**last.get("result", {}), "checkpointId": last.get("id")}
         # One read for the view and the window, so the window ends exactly at the view's seq.
         session, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
-        events, summary = await self._summarise(members, session["state"])
+        events, summary = await self._summarise(namespace, members, session["state"])
         CHECKPOINT_ENTITIES_SKIPPED.inc(summary.entities_skipped)
         cp_id = checkpoint_id(namespace, session["epoch"], session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
@@ -218,16 +221,16 @@ class Checkpointer:
                  ms=round((time.perf_counter() - started) * 1000, 2))
         return result
 
-    async def _summarise(self, members: list[str], state: str) -> tuple[list[dict[str, Any]], Summary]:
+    async def _summarise(self, namespace: str, members: list[str], state: str) -> tuple[list[dict[str, Any]], Summary]:
         """The window's events decoded and summarised a part at a time (at most DECODE_PART events, so at
         most 256 ids each), with a turn for the daemon's other work between parts: a window of 100,000
-        new ids never holds the event loop for longer than one part takes."""
+        new ids never holds the event loop for longer than one part takes. The parts of one namespace go at
+        most MEMENTO_BATCH_IDS_PACE ids a second (pacing.py)."""
         tally, events = Tally(self.settings.checkpoint_max_entities), []
         for start in range(0, len(members), DECODE_PART):
             part = [pydantic_core.from_json(member) for member in members[start:start + DECODE_PART]]
-            tally.add(part)
             events += part
-            await anyio.lowlevel.checkpoint()
+            await self.pacer.take(namespace, tally.add(part))
         return events, tally.summary(state)
 
     async def _new_snapshot(self, namespace: str, session: dict[str, Any], last: dict[str, Any], cp_id: str,

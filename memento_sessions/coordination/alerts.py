@@ -18,7 +18,8 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Encoded, Mailbox
-from memento_sessions.metrics import LEASE_CONFLICT_ALERTS
+from memento_sessions.metrics import LEASE_CONFLICT_ALERTS, PACED_SECONDS
+from memento_sessions.pacing import Pacer
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import SYSTEM, EventIn
 
@@ -33,6 +34,7 @@ class Alerts:
         self.leases = leases
         self.mailbox = mailbox
         self.manager = manager
+        self.batches = Pacer(manager.settings.batch_ids_pace, PACED_SECONDS.labels("batch"))
 
     async def after_batch(self, who: Identity, session_id: str, stored: Sequence[tuple[int, EventIn]]) -> list[Result]:
         """The conflicts of a batch's stored (seq, event) pairs, each with its `seq`, and every conflicting

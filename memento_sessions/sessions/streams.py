@@ -6,14 +6,16 @@ A write goes through `ms_stage` calls that fill the session's events, ids and ag
 writes the hash and publishes: the session appears whole or not at all. A write cut short leaves keys
 that expire with the TTL they were given, and the next write of the id clears them first. Each `ms_stage`
 call carries at most MEMENTO_STAGE_CHUNK_BYTES of events or ids (or one larger item), so no call of a
-copy holds Redis's one thread for long: other clients' commands run between two calls. `ms_restore`
+copy holds Redis's one thread for long: other clients' commands run between two calls; and a namespace's
+copies write at most MEMENTO_STAGE_PACE_BYTES a second per daemon (pacing.py), so one tenant's forks
+leave Redis free for the others most of the time. `ms_restore`
 writes only the hash and sets the TTLs: its work does not grow with the session.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -102,8 +104,10 @@ class Stager:
     """One staged write of a session into Redis (a resume or a fork): stage parts, then `restore`. Each call
     carries at most `chunk_bytes` of events or ids (or one larger item)."""
 
-    def __init__(self, store: FunctionStore, skeys: SessionKeys, ttl: int, chunk_bytes: int) -> None:
+    def __init__(self, store: FunctionStore, skeys: SessionKeys, ttl: int, chunk_bytes: int,
+                 pace: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.store, self.skeys, self.ttl, self.chunk_bytes = store, skeys, ttl, chunk_bytes
+        self.pace = pace  # waits, before each call, for the namespace's budget of bytes a second (pacing.py)
         self.token = uuid.uuid4().hex
 
     async def start(self) -> None:
@@ -112,10 +116,12 @@ class Stager:
 
     async def events(self, members: list[str]) -> None:
         for run in parts(members, len, self.chunk_bytes):
+            await self._paced(sum(map(len, run)))
             await self._stage("0", "z", *scored(run))
 
     async def ids(self, pairs: list[tuple[str, str]]) -> None:
         for run in parts(pairs, pair_size, self.chunk_bytes):
+            await self._paced(sum(map(pair_size, run)))
             await self._stage("0", "h", *flat(run))
 
     async def agents(self, agents: list[str]) -> None:
@@ -127,6 +133,10 @@ class Stager:
         (epoch and seq) live already."""
         done = await self._call("ms_restore", mode, self.ttl, self.token, *frames, *flat(fields.items()))
         return bool(done)
+
+    async def _paced(self, nbytes: int) -> None:
+        if self.pace is not None:
+            await self.pace(nbytes)
 
     async def _stage(self, start: str, kind: str, *items: str | int) -> None:
         await self._call("ms_stage", self.token, self.ttl, start, kind, *items)
