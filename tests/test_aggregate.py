@@ -1,4 +1,4 @@
-"""The checkpoint summary of SPEC section 5, computed from a window of wire events."""
+"""The checkpoint summary, computed from a window of wire events."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Bounds of SPEC section 10 over the real WebSocket API: every cap answers with its error, writes nothing,
+"""The daemon's bounds (docs/security.md) over the real WebSocket API: every cap answers with its error, writes nothing,
 keeps the connection open, and is counted; every reply is a page that fits the send buffer."""
 
 from __future__ import annotations

@@ -61,7 +61,7 @@ def test_the_docstring_tree_is_the_class_tree() -> None:
 
 
 def test_every_rpc_error_keeps_its_code() -> None:
-    """The codes of SPEC section 6, as each class declares it (`class NotFound(RpcError, code=-32004)`)."""
+    """The API's error codes, as each class declares it (`class NotFound(RpcError, code=-32004)`)."""
     codes = {name: cls.code for name, cls in vars(errors).items()
              if inspect.isclass(cls) and issubclass(cls, errors.RpcError)}
     assert codes == {"RpcError": -32603, "ParseError": -32700, "InvalidRequest": -32600, "MethodNotFound": -32601,

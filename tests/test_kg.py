@@ -1,4 +1,4 @@
-"""Loading the knowledge graph (SPEC section 4's JSON Lines) and the `kg load` and `prune` commands."""
+"""Loading the knowledge graph (JSON Lines) and the `kg load` and `prune` commands."""
 
 from __future__ import annotations
 

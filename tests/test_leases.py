@@ -1,4 +1,4 @@
-"""Entity leases (SPEC 12): graph coverage, all-or-nothing exclusives, fencing, conflict alerts, orphans."""
+"""Entity leases: graph coverage, all-or-nothing exclusives, fencing, conflict alerts, orphans."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Mailboxes (SPEC 12): to an agent, a role or a session; kept for the absent, pushed once to the connected."""
+"""Mailboxes: to an agent, a role or a session; kept for the absent, pushed once to the connected."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Presence (SPEC 12): who is in a session, active or idle, across daemons; joined/idle/active/left pushed."""
+"""Presence: who is in a session, active or idle, across daemons; joined/idle/active/left pushed."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ async def test_a_heartbeat_survives_sessions_joined_while_it_writes(backends: Ba
 
 async def test_a_beat_over_10000_idle_connections_refreshes_every_agent_and_turns_each_idle(
         backends: Backends, settings: Settings, namespace: str) -> None:
-    """The density case (SPEC 14): 10,000 connections in no session. One beat marks every agent alive (its
+    """The density case: 10,000 connections in no session. One beat marks every agent alive (its
     leases are not orphaned) and turns every connection idle, and writes no presence field; it takes well
     under its 5 s period (about 0.1 s here, busy host)."""
     presence = Presence(CoordStore(backends.redis), settings, "d-dense")

@@ -75,6 +75,8 @@ async def test_an_agent_writing_through_the_claude_code_hook_is_here(daemon: Dae
     for n in range(2):
         done = await anyio.to_thread.run_sync(run_hook, env, hook_input("claude-here", n))
         assert done.returncode == 0
+    # what a hook past its time budget spooled (a loaded host) goes now, as its next call would send it
+    assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0
     async with rpc(daemon.port, token("w", namespace)) as ws:
         assert await present(ws, "claude-here") == [("claude", "active", 0)]
 

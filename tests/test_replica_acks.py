@@ -170,3 +170,40 @@ def test_replica_ack_settings_are_bounded(tmp_path: Path) -> None:
     for bad in ({"replica_acks": -1}, {"replica_ack_timeout_ms": 0}, {"replica_ack_timeout_ms": 5000}):
         with pytest.raises(ConfigError):
             load_settings(data_dir=tmp_path, **bad)
+
+
+async def test_lease_grants_and_mailbox_sends_wait_for_the_replica_too(
+        pair: ReplicatedRedis, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    # A grant a failover loses would be granted again to another agent, with a fencing token already handed out:
+    # with MEMENTO_REPLICA_ACKS=1 a grant, a renewal, a release and a send are answered once the replica has them.
+    acquire = {"entityIds": ["e1"], "ttl": 60, "mode": "exclusive"}
+    leases = keys.lease_keys(namespace).leases
+    async with running(acked_settings(pair, backend_urls, tmp_path / "acked", timeout_ms=300)) as daemon, \
+            rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)):
+        held = await a.call("lease.acquire", {**acquire, "entityIds": ["e0"]})
+        with pair.client(pair.replica) as replica:
+            assert held["granted"] is True and replica.hexists(leases, held["leaseId"])  # there when answered
+        stopped(pair, True)
+        try:
+            started = time.monotonic()
+            refused = [await a.error("lease.acquire", acquire),
+                       await a.error("lease.renew", {"leaseId": held["leaseId"], "ttl": 60}),
+                       await a.error("mailbox.send", {"to": "b", "body": {"n": 1}, "id": "m1"}),
+                       await a.error("lease.release", {"leaseId": held["leaseId"]})]
+            took = time.monotonic() - started
+        finally:
+            stopped(pair, False)
+        assert [(error["code"], error["data"]) for error in refused] == [
+            (-32050, {"backend": "redis", "reason": "replica_ack_timeout"})] * 4
+        assert 4 * 0.25 < took < 4 * 3.0
+    unwaited = make_settings(Endpoints(pair.url, backend_urls.postgres_dsn), tmp_path / "plain",
+                             falkordb_url=falkordb_url(backend_urls) or backend_urls.redis_url, replica_acks=0)
+    async with running(unwaited) as daemon, rpc(daemon.port, token("c", namespace)) as c:
+        stopped(pair, True)
+        try:
+            started = time.monotonic()
+            granted = await c.call("lease.acquire", {**acquire, "entityIds": ["e2"]})
+            took = time.monotonic() - started
+        finally:
+            stopped(pair, False)
+        assert granted["granted"] is True and took < 1.0  # not waited on: answered with the replica away

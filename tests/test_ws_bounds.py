@@ -394,7 +394,7 @@ def blocking_clients(port: int, tokens: list[str]) -> list[socket.socket]:
 
 
 async def test_an_idle_connection_keeps_under_24_kb_of_python_heap(daemon: Daemon, namespace: str) -> None:
-    """SPEC 14: under 30 KB per idle connection (RSS). The Python heap's share, traced here (asyncio's loop),
+    """The target: under 30 KB per idle connection (RSS). The Python heap's share, traced here (asyncio's loop),
     was 31 KB before the gateway's bare reader task and server/websocket.py's leaner protocol; it is about 21."""
     gateway = daemon.gateway
     assert gateway is not None

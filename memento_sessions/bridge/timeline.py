@@ -45,7 +45,7 @@ class Breakage(NamedTuple):
         return cls(from_seq, to_seq, tuple(window), detail)
 
     def view(self) -> dict[str, Any]:
-        """The `{fromSeq, toSeq, changeInfo, impact}` of SPEC section 6."""
+        """The `{fromSeq, toSeq, changeInfo, impact}` of `bridge.transitions`' reply."""
         return {"fromSeq": self.from_seq, "toSeq": self.to_seq, **self.detail}
 
 

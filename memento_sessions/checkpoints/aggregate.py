@@ -1,6 +1,6 @@
 """The summary of a checkpoint window: a pure function of the window's events and the session state.
 
-Events are the wire dicts of SPEC section 4 (camelCase), as stored in the session's ZSET.
+Events are the wire dicts of the event model (camelCase, sessions/models.py), as stored in the session's ZSET.
 Optional objects may be absent or null; both read as empty. A window naming more distinct entities than
 the checkpoint's cap keeps the first `max_entities` of them in id order (the same on every daemon) and
 counts the rest in `entities_skipped`: what a checkpoint writes to the graph, stores and returns is bounded.
@@ -21,7 +21,7 @@ SELECT_BATCH = 8192  # ids compared against the kept ones' largest per step of `
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """SPEC section 5's outcome of one checkpoint window."""
+    """The outcome of one checkpoint window."""
 
     outcome: str
     broke_during: bool

@@ -1,6 +1,6 @@
 """The Checkpointer: aggregates each window of a session into KG anchors and failure snapshots.
 
-Triggers (SPEC section 5): every MEMENTO_CHECKPOINT_EVERY events and every `checkpoint` event
+Triggers: every MEMENTO_CHECKPOINT_EVERY events and every `checkpoint` event
 (queued, done in the background), `session.checkpoint` and completion (done at once). A checkpoint's
 id is derived from its namespace, the session's epoch, the session and its last seq, so two daemons
 that checkpoint the same window write the same anchor and the same snapshot row, and a session

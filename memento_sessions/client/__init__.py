@@ -1,4 +1,4 @@
-"""`Client`: the async Python client of the `/ws` JSON-RPC API (SPEC section 6).
+"""`Client`: the async Python client of the `/ws` JSON-RPC API.
 
 One WebSocket per client. A reader task routes replies to the requests waiting for them (several may
 be in flight) and notifications to subscriptions. When the connection drops, requests in flight fail
@@ -7,7 +7,7 @@ the client has reconnected (with jittered exponential backoff), and every subscr
 last seq it delivered, with the last epoch it saw. Design notes: docs/client.md.
 
 core.py      Client: the connection, its reader, reconnect and restore, requests, subscription bookkeeping
-methods.py   the typed methods of SPEC section 6 (create_session, emit, get, ...), which Client inherits
+methods.py   the typed methods of the API (create_session, emit, get, ...), which Client inherits
 feeds.py     Subscription and Watch, the bounded notification queues a Client hands out, their states
              (Phase, Link), and Event
 errors.py    the exceptions (hierarchy in its docstring); JSON-RPC error codes mapped to RpcError subclasses

@@ -4,7 +4,7 @@ A reader task routes replies to the requests waiting for them (several may be in
 notifications to subscriptions. When the connection drops, requests in flight fail with ConnectionLost;
 reads, and emits whose events all carry an idempotency `id`, are sent again once the client has
 reconnected (with jittered exponential backoff), and every subscription resumes after the last seq it
-delivered, with the last epoch it saw. The typed methods of SPEC section 6 are in methods.py.
+delivered, with the last epoch it saw. The typed methods of the API are in methods.py.
 """
 
 from __future__ import annotations
@@ -242,6 +242,8 @@ class Client(Methods):
         sub = self._subs.get(params.get("sessionId", ""))
         if method == "session.event" and sub is not None:
             sub.deliver(params)
+        elif method == "session.recovery" and sub is not None:
+            sub.recover(params)
         elif method == "session.checkpoint" and sub is not None:
             sub.last_checkpoint = params
         elif method == "sessions.announce":

@@ -209,6 +209,16 @@ class Subscription(Feed[Event]):
         for params in early:
             self.deliver(params)
 
+    def recover(self, params: Result) -> None:
+        """A `session.recovery` notification: the events delivered after the server's `seq` are not stored (a
+        failover lost them) or belong to another epoch. Raises HistoryLost once, then goes on after `seq` in the
+        new epoch. While a subscribe is asked, its reply says where we stand instead."""
+        if self._link in (Link.ASKED, Link.STALE) or self._phase is Phase.ENDED:
+            return
+        seq = int(params["seq"])
+        self._push(HistoryLost(self.session_id, self.last_seq, seq, params.get("epoch")))
+        self.epoch, self.last_seq = params.get("epoch", self.epoch), seq
+
     def deliver(self, params: Result) -> None:
         """A `session.event` notification: queued when it is the next seq, held while ASKED, else dropped."""
         if self._link is Link.ASKED:

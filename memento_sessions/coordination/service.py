@@ -15,7 +15,7 @@ from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.fanout import Fanout
 from memento_sessions.rpc import Call, Result
-from memento_sessions.sessions.manager import SessionManager
+from memento_sessions.sessions.manager import SessionManager, replica_acks
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
@@ -26,7 +26,7 @@ class Coordination:
 
     def __init__(self, manager: SessionManager, fanout: Fanout | None, graphs: Graphs | None, settings: Settings,
                  daemon_id: str) -> None:
-        self.store = CoordStore(manager.redis, manager.store.pipe)
+        self.store = CoordStore(manager.redis, manager.store.pipe, replica_acks(settings))
         self.presence = Presence(self.store, settings, daemon_id)
         self.leases = Leases(self.store, graphs, settings)
         self.mailbox = Mailbox(self.store, settings, fanout)

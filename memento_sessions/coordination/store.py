@@ -12,19 +12,24 @@ from redis.exceptions import ResponseError
 from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Forbidden
 from memento_sessions.logs import get_logger
-from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.redisio.pipe import Acks, Pipe, replicas_behind
 from memento_sessions.sessions.store import translate
 
 log = get_logger(__name__)
+# The writes a failover must not lose once answered, waited on with MEMENTO_REPLICA_ACKS >= 1: a lease granted,
+# renewed or released (a grant lost with its primary would hand its fencing token out again) and a message sent.
+WAITED = frozenset({"mc_acquire", "mc_renew", "mc_release", "mc_post", "mc_send"})
 LIBRARY = resources.files("memento_sessions.coordination").joinpath("coordination.lua").read_text()
 
 
 class CoordStore:
     """FCALLs the `memento_coord` functions, over the auto-pipelined connection when there is one."""
 
-    def __init__(self, redis: aioredis.Redis, pipe: Pipe | None = None) -> None:
+    def __init__(self, redis: aioredis.Redis, pipe: Pipe | None = None, acks: Acks | None = None) -> None:
+        """`acks`: the replicas a WAITED function's write must reach before it is answered (None: not waited)."""
         self.redis = redis
         self.pipe = pipe
+        self.acks = acks
         # A session's channel is a shard channel on a Redis Cluster (keys.session_channel): published with SPUBLISH.
         self.session_publish = "SPUBLISH" if is_cluster_client(redis) else "PUBLISH"
 
@@ -34,17 +39,34 @@ class CoordStore:
 
     async def call(self, function: str, keys: Sequence[str], *args: str | int) -> Any:
         """FCALL `function`; a function error becomes its JSON-RPC error."""
+        fcall = ("FCALL", function, len(keys), *keys, *args)
+        acks = self.acks if function in WAITED else None
         try:
-            return await self.command("FCALL", function, len(keys), *keys, *args)
+            return await self._acked(acks, fcall) if acks else await self.command(*fcall)
         except ResponseError as exc:
             if "Function not found" not in str(exc):
                 raise coord_error(str(exc)) from None
         log.warning("redis lost the coordination library; reloading")
         await self.load()
         try:
-            return await self.command("FCALL", function, len(keys), *keys, *args)
+            return await self._acked(acks, fcall) if acks else await self.command(*fcall)
         except ResponseError as exc:
             raise coord_error(str(exc)) from None
+
+    async def _acked(self, acks: Acks, fcall: tuple[str | int, ...]) -> Any:
+        """The call and a WAIT after it on one connection: answered once `acks.replicas` replicas hold its write,
+        -32050 (replica_ack_timeout) past the timeout, as an emit."""
+        if self.pipe is not None:
+            return await self.pipe.call_acked(acks, *fcall)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.execute_command(*fcall)
+            pipe.wait(acks.replicas, acks.timeout_ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+        if isinstance(reply, Exception):
+            raise reply
+        if int(acked) < acks.replicas:
+            raise replicas_behind(acks, int(acked))
+        return reply
 
     async def command(self, *args: str | int | float) -> Any:
         """One command over the pipe (in order with the emits) or the pooled client."""

@@ -1,4 +1,4 @@
-"""A deterministic codebase graph of any size, for tests and benchmarks, as SPEC section 4's JSON Lines.
+"""A deterministic codebase graph of any size, for tests and benchmarks, as the JSON Lines `kg load` reads.
 
     python -m memento_sessions.kg.fixture --entities 10000 > kg.jsonl
     memento-sessions kg load kg.jsonl

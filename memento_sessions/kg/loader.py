@@ -1,4 +1,4 @@
-"""Loading KG nodes and edges: SPEC section 4's JSON Lines, validated whole before anything is written.
+"""Loading KG nodes and edges: the JSON Lines `kg load` reads, validated whole before anything is written.
 
 `{"node": {"id", "labels", "props"}}` or `{"edge": {"from", "to", "type", "props"}}`, one a line.
 Every node gets the base label CodebaseEntity besides its own; an edge to an id never loaded

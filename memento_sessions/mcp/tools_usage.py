@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, NotRequired, cast
 
 from mcp_types import ToolAnnotations
-from pydantic import ConfigDict, Field, with_config
+from pydantic import ConfigDict, Field, StrictInt, with_config
 from typing_extensions import TypedDict
 
 from memento_sessions.mcp.models import Bounds
@@ -25,7 +25,8 @@ UsageSince = Annotated[datetime | None, Field(
     description="Only runs started at or after this time (ISO 8601 with a zone).")]
 UsageCursor = Annotated[str | None, Bounds(UsageParams, "cursor"), Field(
     description="Omit for the first page, then the previous reply's nextCursor.")]
-UsageLimit = Annotated[int, Bounds(UsageParams, "limit"), Field(description="At most this many runs in this reply.")]
+UsageLimit = Annotated[StrictInt, Bounds(UsageParams, "limit"), Field(
+    description="At most this many runs in this reply.")]
 
 
 @with_config(ConfigDict(extra="allow"))

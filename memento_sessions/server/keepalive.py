@@ -11,7 +11,7 @@ the pending payload: the state is uvicorn's (`pending_ping_payload`, `ping_sent_
 per connection.
 
 A peer that dies just after answering is pinged at most an interval and a pass later and closed at most an
-interval and a pass after that: 50 s at the default 20 s (SPEC: within 60 s).
+interval and a pass after that: 50 s at the default 20 s (a dead peer is found within 60 s).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """uvicorn's sansio WebSocket protocol, keeping less per connection: at 10,000 idle connections what each one
-keeps is the daemon's memory (SPEC 14: under 30 KB a connection).
+keeps is the daemon's memory (the target: under 30 KB a connection, docs/benchmarks.md).
 
 - The ASGI receive queue is a list and a future made only while `receive` waits, instead of an asyncio.Queue
   (three deques of ~760 bytes each, and an Event with a fourth).

@@ -358,9 +358,22 @@ local function withdraw(keys, args)
   return 1
 end
 
+-- A failover lost writes whose frames were already published (a subscriber heard seqs the session no longer
+-- holds): the session goes on in a new epoch, so no seq is handed out twice within one epoch. Moves the epoch
+-- only if it is still the one the caller found rewound (ARGV: that epoch, the new one), so daemons that find
+-- the same rewind together move it once. Returns the epoch of now.
+local function rewind(keys, args)
+  local epoch = redis.call('HGET', keys[1], 'epoch')
+  if not epoch then return redis.error_reply('NOTFOUND session not found') end
+  if epoch ~= args[1] then return epoch end
+  redis.call('HSET', keys[1], 'epoch', args[2])
+  return args[2]
+end
+
 redis.register_function{function_name='ms_snapshot_at', callback=snapshot_at, flags={'no-writes'}}
 redis.register_function('ms_snapshot', snapshot)
 redis.register_function('ms_stage', stage)
 redis.register_function('ms_restore', restore)
 redis.register_function('ms_suspend', suspend)
 redis.register_function('ms_withdraw', withdraw)
+redis.register_function('ms_rewind', rewind)

@@ -127,7 +127,7 @@ def check_actor(event: EventIn, who: Identity, field: str) -> None:
 
 
 def session_view(session_id: str, fields: dict[str, str], agents: Sequence[str], pttl: int) -> dict[str, Any]:
-    """The session object of SPEC section 4 from its hash, members and remaining TTL."""
+    """The session object of the API (the README's data model) from its hash, members and remaining TTL."""
     view: dict[str, Any] = {
         "sessionId": session_id, "state": fields["state"], "agentIds": sorted(agents),
         "seq": int(fields.get("seq") or 0), "epoch": fields.get("epoch", ""),

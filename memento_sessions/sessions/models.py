@@ -1,4 +1,4 @@
-"""The event and session shapes of SPEC section 4, with their limits.
+"""The event and session shapes of the API, with their limits.
 
 Field names are the wire's camelCase, so a model dumps to exactly what clients send and receive.
 """

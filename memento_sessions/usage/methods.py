@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints
 from redis.exceptions import ResponseError
 
 from memento_sessions.backends import UNAVAILABLE
@@ -30,12 +30,21 @@ Cursor = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,16}:[A-Za-z0-9._: -
 PAGE = 100
 
 
+def _text(value: Any) -> Any:
+    if not isinstance(value, str):  # strict: ISO-8601 text, never a number read as epoch seconds
+        raise ValueError("must be an ISO-8601 string")
+    return value
+
+
 class UsageParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Strict JSON types, as every method's params: `"60"` is not 60, `true` not 1 (-32602 naming the field)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     sessionId: Id | None = None
     agentId: Id | None = None
-    since: AwareDatetime | None = None  # runs started at or after this time
+    # runs started at or after this time (strict mode takes no text for a datetime: this field parses its own)
+    since: Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_text)] | None = None
     cursor: Cursor | None = None  # a previous page's nextCursor
     limit: int = Field(default=PAGE, ge=1, le=500)
 

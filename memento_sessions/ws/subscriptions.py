@@ -4,10 +4,17 @@ A subscription is attached to the channel before the history is read, and buffer
 while it replays; after the replay it delivers the buffered frames whose seq is newer. Every
 frame carries its seq, so a gap (after a pub/sub reconnect) is filled from the ZSET and a
 duplicate is dropped: each seq reaches the client exactly once, in order.
+
+A catch-up that finds the stored history is not the one delivered (a failover lost events this subscription
+had already delivered, so the session's seq is behind its last one; or the session has another epoch) tells
+the client with a `session.recovery` notification (`recovered: false`, the epoch and the seq delivery goes on
+after) and delivers the stored history anew. A seq found behind moves the session to a new epoch first
+(`ms_rewind`), so the seqs the lost events had are never handed out again within the epoch they were heard in.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -16,10 +23,12 @@ import pydantic_core
 from pydantic import Field
 
 from memento_sessions import keys
+from memento_sessions.backends import UNANSWERED
 from memento_sessions.errors import Conflict, InvalidParams
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_REFUSED
 from memento_sessions.redisio.fanout import Fanout
+from memento_sessions.retry import Failures
 from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.frames import event_frame, frame_head, frame_seq, member_seq
 from memento_sessions.sessions.manager import SessionManager
@@ -60,8 +69,8 @@ class Subscription:
     """One client's subscription to one session."""
 
     # Read per delivery, as Connection's: see there.
-    __slots__ = ("_replay", "channel", "closed", "epoch", "fanout", "last_seq", "live", "manager", "namespace", "peer",
-                 "pending", "pending_bytes", "session_id", "session_json")
+    __slots__ = ("_replay", "channel", "closed", "epoch", "fanout", "last_seq", "left_epoch", "live", "manager",
+                 "namespace", "peer", "pending", "pending_bytes", "session_id", "session_json")
 
     def __init__(self, peer: Feed, manager: SessionManager, fanout: Fanout, namespace: str, session_id: str) -> None:
         self.peer, self.manager, self.fanout = peer, manager, fanout
@@ -70,6 +79,7 @@ class Subscription:
         self.session_json = pydantic_core.to_json(session_id).decode()
         self.last_seq = 0
         self.epoch = ""
+        self.left_epoch = ""  # the epoch a recovery moved away from: its frames still in flight are not news
         self.live = False
         self.pending: list[str] = []
         self.pending_bytes = 0
@@ -88,6 +98,8 @@ class Subscription:
             self.peer.notify(data)
             return
         seq, epoch = head
+        if epoch == self.left_epoch:
+            return  # stored before the recovery, so in the history it replays under the new epoch
         if epoch != self.epoch:
             # The session was created anew under this id: its history restarts at seq 1.
             self.epoch, self.last_seq = epoch, 0
@@ -119,22 +131,38 @@ class Subscription:
         self._take_pending()
 
     async def catch_up(self) -> None:
-        """Replay everything after last_seq from the ZSET, then the held frames, then go live."""
+        """Replay everything after last_seq from the ZSET, then the held frames, then go live.
+
+        Redis not answering (a failover still under way: CLUSTERDOWN, a lost connection) is retried after the
+        reconnect policy's pauses, holding live frames meanwhile: live without the replay, the subscription
+        would never see that the history went back, and take the events given its lost seqs for duplicates."""
         if self.closed:
             return
+        failures = Failures(self.fanout.backoff)
         with anyio.CancelScope() as self._replay:
-            try:
-                await self._replay_events()
-            except Exception as exc:  # a backend error: the next reconnect or gap retries
-                log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
-                self.live = True
-                return
+            while True:
+                try:
+                    await self._replay_events()
+                    break
+                except UNANSWERED as exc:
+                    pause = failures.failed()
+                    if failures.count == 1:  # one line per outage and subscription, not one per try
+                        log.warning("catch-up failed; retrying", session_id=self.session_id, error=repr(exc),
+                                    retry_in=round(pause, 3))
+                    await anyio.sleep(pause)
+                except Exception as exc:  # e.g. the session is gone: the next reconnect or gap tries again
+                    log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
+                    self.live = True
+                    return
             self._flush_pending()
         self._replay = None
 
     async def _replay_events(self) -> None:
         while not self.closed:
-            _, members = await self.manager.read(self.namespace, self.session_id, self.last_seq, REPLAY_CHUNK)
+            session, members = await self.manager.read(self.namespace, self.session_id, self.last_seq, REPLAY_CHUNK)
+            if session["epoch"] != self.epoch or session["seq"] < self.last_seq:
+                await self._recover(session)
+                continue
             for member in members:
                 seq = member_seq(member)
                 frame = event_frame(self.session_json, self.epoch, member, seq)
@@ -144,6 +172,25 @@ class Subscription:
             self._trim_pending()
             if len(members) < REPLAY_CHUNK:
                 return
+
+    async def _recover(self, session: dict[str, Any]) -> None:
+        """The stored history is not the one delivered: tell the client (`recovered: false`) and start it over
+        from the session's first stored event, under the session's epoch (a new one when the seq went back)."""
+        epoch = session["epoch"]
+        if epoch == self.epoch:
+            # A failover lost events already delivered, and the session hands their seqs out again: move it to
+            # a new epoch (once, however many subscriptions find it), so no seq means two events in one epoch.
+            skeys = keys.session_keys(self.namespace, self.session_id)
+            moved = await self.manager.store.call("ms_rewind", skeys, self.epoch, uuid.uuid4().hex[:16])
+            epoch = moved.decode() if isinstance(moved, bytes) else str(moved)
+            log.warning("session history went back; delivering it anew", session_id=self.session_id,
+                        delivered_seq=self.last_seq, stored_seq=session["seq"], epoch=epoch)
+        self._take_pending()  # frames of the left epoch; the replay delivers what of them is stored
+        self.left_epoch, self.epoch = self.epoch, epoch
+        self.last_seq = int(session.get("compactedSeq") or 0)
+        frame = recovery_frame(self.session_json, epoch, self.last_seq)
+        await self.peer.wait_room(len(frame))
+        self.peer.notify(frame)
 
     def _trim_pending(self) -> None:
         """Drop held frames the replay has just delivered from the ZSET: a fast reader holds only newer ones."""
@@ -299,6 +346,12 @@ class Subscriptions:
         registry.add("session.subscribe", SubscribeParams, self.subscribe, "sessions:read")
         registry.add("session.unsubscribe", SessionParams, self.unsubscribe, "sessions:read")
         registry.add("sessions.watch", Params, self.watch, "sessions:read")
+
+
+def recovery_frame(session_json: str, epoch: str, seq: int) -> str:
+    """`session.recovery`: the history delivered so far is gone; delivery goes on after `seq` in `epoch`."""
+    params = '{"sessionId":' + session_json + ',"seq":' + str(seq) + ',"epoch":' + pydantic_core.to_json(epoch).decode()
+    return '{"jsonrpc":"2.0","method":"session.recovery","params":' + params + ',"recovered":false}}'
 
 
 def require_peer(call: Call) -> Feed:

@@ -1,4 +1,4 @@
-"""What one daemon costs at scale (SPEC 14): CPU beside a busy peer daemon, memory and CPU per idle
+"""What one daemon costs at scale: CPU beside a busy peer daemon, memory and CPU per idle
 connection, deliveries per CPU-second.
 
 CPU is the daemon process's own (/proc/<pid>/stat, daemons.cpu_seconds); the clients run in a crowd
