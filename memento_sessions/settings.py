@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     archive_after_days: Days = 30
     suspend_chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
     stage_chunk_bytes: int = Field(default=256 * 1024, ge=16 * 1024, le=64 * 1024 * 1024)  # per Redis call of a copy
-    stage_pace_bytes: int = Field(default=32 * 1024 * 1024, ge=0, le=1 << 40)  # bytes/s a namespace's copies write
+    stage_pace_bytes: int = Field(default=16 * 1024 * 1024, ge=0, le=1 << 40)  # bytes/s a namespace's copies write
     heavy_max: int = Field(default=4, ge=1, le=1000)
     fork_max_depth: int = Field(default=32, ge=1, le=10_000)
 
