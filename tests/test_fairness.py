@@ -26,6 +26,7 @@ from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
 EVENTS, IDS = 400, 256  # 102,400 ids in a frame of about 900 KB
+WRITE_KG = "sessions:read sessions:write kg:write"
 
 
 def batch(sid: str, prefix: str = "") -> list[dict[str, Any]]:
@@ -186,3 +187,35 @@ async def test_one_namespaces_batches_are_paced_and_anothers_are_not(backend_url
     assert took >= 1.3, took
     assert light_took < 0.5, light_took
     assert sample("memento_paced_seconds_total", {"work": "batch"}) - waited >= 0.8
+
+
+async def test_one_namespaces_large_leases_are_paced_and_anothers_are_not(backend_urls: Endpoints, tmp_path: Path,
+                                                                         namespace: str) -> None:
+    """At MEMENTO_LEASE_PACE 512, four back-to-back shared leases of 4 files that define 63 symbols each (256
+    covered entities per lease) take over 1.2 s, and their releases are charged too; another namespace's
+    lease meanwhile does not wait; the waits are counted."""
+    settings = make_settings(backend_urls, tmp_path, lease_pace=512)
+    waited = sample("memento_paced_seconds_total", {"work": "lease"})
+    files = [f"f{n}" for n in range(4)]
+    nodes = [{"id": file, "labels": ["CodebaseEntity"]} for file in files]
+    nodes += [{"id": f"{file}.s{n}", "labels": ["Symbol"]} for file in files for n in range(63)]
+    edges = [{"from": file, "to": f"{file}.s{n}", "type": "DEFINES"} for file in files for n in range(63)]
+    async with running(settings) as daemon, rpc(daemon.port, token("heavy", namespace, WRITE_KG)) as heavy, \
+            rpc(daemon.port, token("light", f"{namespace}-other")) as light:
+        await heavy.call("kg.upsert", {"nodes": nodes, "edges": edges})
+        started = time.perf_counter()
+        held = [await heavy.call("lease.acquire", {"entityIds": files, "ttl": 60, "mode": "shared"})
+                for _ in range(3)]
+        light_started = time.perf_counter()
+        await light.call("lease.acquire", {"entityIds": ["fn:a"], "ttl": 60})
+        light_took = time.perf_counter() - light_started
+        held.append(await heavy.call("lease.acquire", {"entityIds": files, "ttl": 60, "mode": "shared"}))
+        took = time.perf_counter() - started
+        assert [len(lease["covers"]) + lease.get("coversOmitted", 0) for lease in held] == [252] * 4
+        released = time.perf_counter()
+        await heavy.call("lease.release", {"leaseId": held[0]["leaseId"]})  # waits for the four acquires' budget
+        release_took = time.perf_counter() - released
+    assert took >= 1.2, took
+    assert release_took >= 0.2, release_took
+    assert light_took < 0.5, light_took
+    assert sample("memento_paced_seconds_total", {"work": "lease"}) - waited >= 1.0
