@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import jwt
 
@@ -107,3 +107,19 @@ def bearer(authorization: str | None) -> str | None:
     if authorization and authorization[:7].lower() == "bearer ":
         return authorization[7:].strip()
     return None
+
+# A Claude Code session as its own agent of the token: `<sub>:<first SHORT letters/digits of the session id>`.
+SESSION_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
+SHORT = 8  # characters of a session id in its agent's id
+RESERVED = ("role", "session")  # recipients' prefixes: such a subject keeps one agent for all its sessions
+
+
+def session_agent(who: Identity, session_id: str) -> Identity:
+    """The caller acting as its Claude Code session: `<sub>:<first 8 of the session id>` in its own namespace.
+    Left as it is when that id would be too long or read as a recipient prefix (a subject `role` or `session`),
+    and when it already is that session's agent."""
+    short = re.sub(r"[^A-Za-z0-9]", "", session_id)[:SHORT]
+    agent = f"{who.agent_id}:{short}"
+    if not short or len(agent) > 128 or who.agent_id in RESERVED or who.agent_id.endswith(f":{short}"):
+        return who  # (the last: already that session's agent, as a connection opened with ?session= is)
+    return replace(who, agent_id=agent)

@@ -11,12 +11,16 @@ the backlog a chunk at a time and stops at its deadline, so a call's time and me
 backlog, and the spool is capped (cli_spool.py). A session that is not live is resumed when it was
 suspended, else created (never created over a suspended one).
 
-It prints nothing and exits 0 whatever happens: its output would reach the agent. Its imports are the
+Before delivering, it asks the daemon for its answer (`hook.answer`: what the swarm has to tell this agent, and
+for an edit the lease policy's decision) and prints it, Claude Code's hook JSON output, on stdout; nothing
+else ever goes there, and nothing at all when there is nothing to say, the input is not a hook input or the
+daemon is away (an allow). It exits 0 whatever happens. Its imports are the
 standard library, the pure converters and a small WebSocket client, so it is done within 200 ms
 including the interpreter's start. Configuration comes from the environment only (reading .env and
 validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_DATA_DIR, and where the
 daemon is by every command's rule (the port in `<data dir>/runtime.json`, else MEMENTO_URL, else
-MEMENTO_HOST / MEMENTO_PORT).
+MEMENTO_HOST / MEMENTO_PORT); MEMENTO_HOOK_LEASES and MEMENTO_HOOK_CLAIM_TTL, when set, choose this project's
+lease policy and claim over the daemon's defaults; CLAUDE_PROJECT_DIR (set by Claude Code) is the project root.
 """
 
 from __future__ import annotations
@@ -54,6 +58,12 @@ if TYPE_CHECKING:  # imported when delivering: a hook that only spools does with
 
 STARTED = time.monotonic()
 BUDGET = 0.15  # seconds from the start of the process a hook may spend (the daemon-up target is 0.2)
+ANSWER_BUDGET = 2.0  # seconds from the start a hook waits for its answer (then: allowed, nothing said)
+POLICIES = ("off", "warn", "enforce")
+# ingest.claude_hooks.HOOK_EVENTS, spelled out: importing the converters costs a spooling-only hook (a test
+# keeps the two equal).
+EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "SubagentStart",
+          "SubagentStop", "Stop", "PreCompact", "Notification", "SessionEnd")
 BATCH = 200  # events per event.emitBatch
 GROUP = 1024 * 1024  # bytes of spooled inputs of one session sent in one event.emitBatch (under the frame limit)
 NOT_FOUND, INVALID, CONFLICT = -32004, -32602, -32009
@@ -76,6 +86,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     hook.add_argument("--flush", action="store_true", help="read no input; deliver everything spooled, "
                       "without a time budget (exit 1 when something is left)")
+    hook.add_argument("--gemini", action="store_true", help="the input is a Gemini CLI hook's, and so is the "
+                      "output (always a JSON object: {} when there is nothing to say)")
 
 
 def spool_dir() -> str:
@@ -93,6 +105,7 @@ def daemon_url() -> str:
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
+    from memento_sessions.gitstate import git_events
     from memento_sessions.ingest.claude_hooks import convert_hook
     from memento_sessions.ingest.events import _ID_OK
 
@@ -101,7 +114,7 @@ def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     if not isinstance(sid, str) or not _ID_OK.match(sid):
         return None, []
     events, _ = convert_hook(record, at=entry.get("at"), project_root=entry.get("root"))
-    return sid, events
+    return sid, events + git_events(entry)
 
 
 class Spooled:
@@ -173,9 +186,9 @@ def refused_for_good(exc: RpcFailure) -> bool:
     return exc.code in (INVALID, CONFLICT)
 
 
-def deliver(folder: str, deadline: float) -> bool:
+def deliver(folder: str, deadline: float, kept: dict[str, Wire] | None = None) -> bool:
     """Trim the spool to its cap, then send the spooled inputs in order, a chunk at a time, until done or the
-    deadline; True when nothing is left."""
+    deadline; True when nothing is left. `kept`: connections already open, by session (the answer's)."""
     os.makedirs(folder, mode=0o700, exist_ok=True)
     try:
         with Locked(os.path.join(folder, "deliver.lock"), os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
@@ -183,17 +196,48 @@ def deliver(folder: str, deadline: float) -> bool:
             token = os.environ.get("MEMENTO_TOKEN")
             if not token:
                 return False
-            from memento_sessions.cli_wire import Wire, WireError
+            from memento_sessions.cli_wire import WireError
 
             try:
-                return _deliver(folder, Wire(daemon_url(), token, deadline))
+                return _deliver(folder, Wires(daemon_url(), token, deadline, kept or {}))
             except WireError:  # the daemon is away, or the deadline came
                 return False
     except BlockingIOError:  # another hook is delivering
         return False
 
 
-def _deliver(folder: str, wire: Wire) -> bool:
+class Wires:
+    """One connection per Claude Code session, opened when first needed: each session's events are its own
+    agent's (the daemon derives it from the token and `?session=`)."""
+
+    def __init__(self, url: str, token: str, deadline: float, kept: dict[str, Wire]) -> None:
+        self.url, self.token, self.deadline = url, token, deadline
+        self.open: dict[str, Wire] = {}
+        while kept:  # taken over: closed with the others
+            sid, wire = kept.popitem()
+            wire.deadline, self.open[sid] = deadline, wire
+
+    def of(self, sid: str) -> Wire:
+        from memento_sessions.cli_wire import Wire
+
+        if sid not in self.open:
+            self.open[sid] = Wire(self.url, self.token, self.deadline, sid)
+        return self.open[sid]
+
+    def remaining(self) -> float:
+        from memento_sessions.cli_wire import WireError
+
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise WireError("deadline passed")
+        return left
+
+    def close(self) -> None:
+        for wire in self.open.values():
+            wire.close()
+
+
+def _deliver(folder: str, wire: Wires) -> bool:
     try:
         while True:
             wire.remaining()  # WireError once the deadline has come: the rest waits for the next call
@@ -227,7 +271,7 @@ def groups(entries: list[Spooled]) -> Iterator[list[Spooled]]:
         yield group
 
 
-def send_group(folder: str, wire: Wire, group: list[Spooled]) -> bool:
+def send_group(folder: str, wires: Wires, group: list[Spooled]) -> bool:
     """Send a group's events; an input refused for good is set aside (one by one when the group is refused).
     False when a refusal is for now: try again later."""
     from memento_sessions.cli_wire import RpcFailure
@@ -237,7 +281,7 @@ def send_group(folder: str, wire: Wire, group: list[Spooled]) -> bool:
     if sid is None or not events:
         return True
     try:
-        send(wire, sid, events)
+        send(wires.of(sid), sid, events)
         return True
     except RpcFailure as exc:
         if not refused_for_good(exc):  # refused for now (rate, backend, full)
@@ -245,7 +289,7 @@ def send_group(folder: str, wire: Wire, group: list[Spooled]) -> bool:
         if len(group) == 1:
             reject(folder, group[0].entry, exc)
             return True
-    return all(send_group(folder, wire, [item]) for item in group)
+    return all(send_group(folder, wires, [item]) for item in group)
 
 
 def reject(folder: str, entry: dict[str, Any], exc: RpcFailure) -> None:
@@ -255,21 +299,102 @@ def reject(folder: str, entry: dict[str, Any], exc: RpcFailure) -> None:
         os.write(fd, (line + "\n").encode())
 
 
+def answer_params(record: Any) -> dict[str, Any]:
+    """hook.answer's params: the input, and this project's root, lease policy and claim when set."""
+    env = os.environ
+    params: dict[str, Any] = {"input": record}
+    if env.get("CLAUDE_PROJECT_DIR"):
+        params["root"] = env["CLAUDE_PROJECT_DIR"][:4096]
+    if env.get("MEMENTO_HOOK_LEASES") in POLICIES:
+        params["leases"] = env["MEMENTO_HOOK_LEASES"]
+    ttl = env.get("MEMENTO_HOOK_CLAIM_TTL", "")
+    if ttl.isdigit() and int(ttl) <= 3600:
+        params["claimTtl"] = int(ttl)
+    return params
+
+
+def answer(record: Any, kept: dict[str, Wire]) -> dict[str, Any] | None:
+    """The daemon's hook output for the input (None: nothing to say, or no daemon to ask). Its connection, the
+    session's own agent's, is kept in `kept` for the delivery that follows."""
+    token = os.environ.get("MEMENTO_TOKEN")
+    sid = record.get("session_id") if isinstance(record, dict) else None
+    if not token or not isinstance(sid, str):
+        return None
+    from memento_sessions.cli_wire import RpcFailure, Wire, WireError
+
+    try:
+        wire = Wire(daemon_url(), token, STARTED + ANSWER_BUDGET, sid)
+        try:
+            result = wire.call("hook.answer", answer_params(record))
+        except BaseException:
+            wire.close()
+            raise
+    except (WireError, RpcFailure, OSError):
+        return None
+    kept[sid] = wire
+    output = result.get("output") if isinstance(result, dict) else None
+    return output if isinstance(output, dict) and output else None
+
+
+def read_input() -> Any:
+    """stdin's hook input; None when it is empty, too large or not JSON."""
+    raw = sys.stdin.buffer.read(MAX_INPUT + 1)
+    if not raw.strip() or len(raw) > MAX_INPUT:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def gemini_input(record: Any) -> Any:
+    """A Gemini CLI hook input as the Claude Code one it means."""
+    from memento_sessions.ingest.gemini_hooks import to_claude
+
+    return to_claude(record)
+
+
+def gemini_answer(said: dict[str, Any] | None) -> dict[str, Any]:
+    from memento_sessions.ingest.gemini_hooks import gemini_output
+
+    return gemini_output(said or {})
+
+
+def is_hook_input(record: Any) -> bool:
+    """An object naming a hook event the daemon knows (a newer Claude Code's other events are left alone)."""
+    return isinstance(record, dict) and record.get("hook_event_name") in EVENTS
+
+
 def run_hook(argv: list[str]) -> int:
-    """The command: spool stdin's input (unless --flush), then deliver; 0 whatever happened, but for
-    --flush with something left (1)."""
+    """The command: spool stdin's input (unless --flush), print the daemon's answer, then deliver; 0 whatever
+    happened, but for --flush with something left (1)."""
     folder = spool_dir()
-    flush = "--flush" in argv
+    flush, gemini, answering = "--flush" in argv, "--gemini" in argv, 0.0
+    kept: dict[str, Wire] = {}
     try:
         if not flush:
-            raw = sys.stdin.buffer.read(MAX_INPUT + 1)
-            record = json.loads(raw) if raw.strip() and len(raw) <= MAX_INPUT else None
-            if not isinstance(record, dict):  # not a hook input: nothing to keep
+            record = read_input()
+            if gemini:
+                record = gemini_input(record)
+            if not is_hook_input(record):  # nothing to keep, nothing to say, nothing written
+                if gemini:
+                    sys.stdout.write("{}")  # Gemini CLI reads any other stdout as a message to show
                 return 0
+            from memento_sessions.gitstate import stamp  # SessionStart, Stop: the agent's git HEAD and dirty tree
+            stamp(record)
             spool(record, folder)
-        done = deliver(folder, STARTED + BUDGET if not flush else time.monotonic() + 3600)
+            asked = time.monotonic()
+            said = answer(record, kept)
+            if said or gemini:
+                sys.stdout.write(json.dumps(gemini_answer(said) if gemini else said, ensure_ascii=False))
+                sys.stdout.flush()
+            answering = time.monotonic() - asked  # not taken from the delivery's budget
+        done = deliver(folder, STARTED + BUDGET + answering if not flush else time.monotonic() + 3600, kept)
     except Exception:  # a hook must never fail the agent's tool call, nor print to it
         return 0
+    finally:
+        for wire in kept.values():  # not taken over by a delivery (another hook is delivering)
+            wire.close()
     return 0 if done or not flush else 1
 
 

@@ -127,6 +127,24 @@ def event_line(event: dict[str, Any], as_json: bool) -> str:
     return f"{event['seq']:>8}  {event.get('timestamp', '')}  {event.get('actor', '')}  {event['type']}  {ids}".rstrip()
 
 
+async def checkout(client: Client, args: argparse.Namespace) -> Any:
+    """Apply the session's stored uncommitted work to --into (default: here), at the HEAD it was made against."""
+    from memento_sessions.gitstate import apply, newest_patch
+
+    found = newest_patch([event async for event in client.iter_events(args.id)])
+    if isinstance(found, str):
+        raise CommandFailed(found)
+    head, patch = found
+    problem = await anyio.to_thread.run_sync(apply, args.into, head, patch)
+    if problem is not None:
+        raise CommandFailed(problem)
+    return f"applied {len(patch)} bytes of uncommitted work of {args.id} to {args.into} at {head}"
+
+
+class CommandFailed(Exception):
+    """A command that cannot do what it was asked, and why (printed, exit 1)."""
+
+
 async def run(settings: Settings, args: argparse.Namespace) -> int:
     token = cli_token(settings, args.namespace, admin=args.action == "clear")
     async with Client(daemon_url(settings), token, reconnect=args.action == "tail") as client:
@@ -134,6 +152,9 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
             result = await args.session_func(client, args)
         except RpcError as exc:
             print(f"memento-sessions session {args.action}: {exc.message} ({exc.code})", file=sys.stderr)
+            return 1
+        except CommandFailed as exc:
+            print(f"memento-sessions session {args.action}: {exc}", file=sys.stderr)
             return 1
     if result is not None:
         print(result if isinstance(result, str) else json.dumps(result, indent=None if args.json else 2))
@@ -146,7 +167,8 @@ def _session(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `session` and its sub-commands to the command line."""
-    parser = sub.add_parser("session", help="list, show, tail, diff, fork, suspend, resume, complete or clear sessions",
+    parser = sub.add_parser("session", help="list, show, tail, diff, fork, suspend, resume, complete, clear or "
+                            "check out sessions",
                             description="Look at and steer the sessions of the daemon running on the data dir.")
     common_options(parser, {"namespace": "default", "data_dir": None, "json": False})
     parser.set_defaults(func=_session)
@@ -182,6 +204,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = actions.add_parser("complete", help="final checkpoint: the session is completed")
     p.add_argument("id")
     p.set_defaults(session_func=complete)
+    p = actions.add_parser("checkout", help="apply the session's stored uncommitted work to a work tree at its HEAD")
+    p.add_argument("id")
+    p.add_argument("--into", default=".", help="the git work tree (default: the current directory); when it is "
+                   "clean and at another commit, that HEAD is checked out first")
+    p.set_defaults(session_func=checkout)
     for action in actions.choices.values():  # the same options after the action: `session list --json`
         common_options(action, None)
 

@@ -122,8 +122,10 @@ def connect(host: str, port: int, timeout: float) -> _socket.socket:
 class Wire:
     """One connection; `call` sends a request and returns its result, skipping notifications."""
 
-    def __init__(self, url: str, token: str, deadline: float) -> None:
+    def __init__(self, url: str, token: str, deadline: float, session: str | None = None) -> None:
+        """`session`: act as that Claude Code session's own agent (the daemon derives it from the token)."""
         self.deadline = deadline
+        self.session = session
         self.next_id = 0
         self.buffer = b""
         secure, host, port, path = split_url(url)
@@ -147,7 +149,8 @@ class Wire:
 
     def handshake(self, host: str, port: int, path: str, token: str) -> None:
         key = binascii.b2a_base64(os.urandom(16), newline=False).decode()
-        request = (f"GET {path}?token={quote(token)} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
+        query = f"token={quote(token)}" + (f"&session={quote(self.session)}" if self.session else "")
+        request = (f"GET {path}?{query} HTTP/1.1\r\nHost: {host}:{port}\r\nUpgrade: websocket\r\n"
                    f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n")
         self.sock.sendall(request.encode())
         while b"\r\n\r\n" not in self.buffer:

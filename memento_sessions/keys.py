@@ -163,6 +163,17 @@ def mailbox_keys(ns: str, agent_id: str) -> tuple[str, str, str]:
     return f"{base}:inbox", f"{base}:messages", f"{base}:acked"
 
 
+def surfaced_key(ns: str, agent_id: str) -> str:
+    """STRING: the seq of the newest mailbox message surfaced to the agent's context (a hook's answer, an MCP
+    tool's notices); in the mailbox's hash tag, so one Function call reads the mailbox and moves it."""
+    return f"{PREFIX}:{ns}:{{{ns}/agent/{agent_id}}}:surfaced"
+
+
+def hook_agents(ns: str) -> str:
+    """ZSET `<agentId>|<sessionId>` -> ms of the agent's last hook call: who works in the namespace now."""
+    return f"{coord_base(ns)}:hook-agents"
+
+
 def token_roles(ns: str) -> str:
     """SET of the roles some token seen in the namespace grants: `presence.set` cannot claim them."""
     return f"{coord_base(ns)}:token-roles"
@@ -183,6 +194,12 @@ def mail_keys(ns: str) -> tuple[str, str]:
 def mail_body(ns: str, message_id: str) -> str:
     """STRING: one sent message's sender, subject and body, stored once however many mailboxes hold it."""
     return f"{PREFIX}:{ns}:{{{ns}/mail}}:body:{message_id}"
+
+
+def mail_receipts(ns: str, message_id: str) -> str:
+    """HASH of one sent message's receipts: `<agentId>|<stage>` -> ISO time (stage: stored, pushed, surfaced,
+    acked), and `#channel`, the sender's channel their changes are pushed on. Beside the message's body."""
+    return f"{PREFIX}:{ns}:{{{ns}/mail}}:receipts:{message_id}"
 
 
 def presence_key(ns: str, session_id: str) -> str:
@@ -209,17 +226,21 @@ class UsageKeys:
     order: str
     starts: str
     series: str
+    agents: str
+    seen: str
 
     def all(self) -> list[str]:
         """Every key, as passed to the script."""
-        return [self.totals, self.runs, self.order, self.starts, self.series]
+        return [self.totals, self.runs, self.order, self.starts, self.series, self.agents, self.seen]
 
 
 def usage_keys(ns: str, session_id: str) -> UsageKeys:
     """A session's usage: totals HASH, runs HASH (run id -> row), order ZSET (by start ms), starts ZSET (by
-    seq), series HASH (the cumulative metric points last seen)."""
+    seq), series HASH (the cumulative metric points last seen), agents HASH (each agent's share of the totals,
+    `<agentId> <source>:<field>`), seen ZSET (OTLP requests folded lately, by time: a retry folds nothing)."""
     base = f"{PREFIX}:{ns}:{{{session_id}}}:usage"
-    return UsageKeys(f"{base}", f"{base}:runs", f"{base}:order", f"{base}:starts", f"{base}:series")
+    return UsageKeys(f"{base}", f"{base}:runs", f"{base}:order", f"{base}:starts", f"{base}:series",
+                     f"{base}:agents", f"{base}:seen")
 
 
 def agent_usage_keys(ns: str, agent_id: str) -> tuple[str, str]:
@@ -231,3 +252,10 @@ def agent_usage_keys(ns: str, agent_id: str) -> tuple[str, str]:
 def namespace_usage(ns: str) -> str:
     """HASH of the namespace's usage totals."""
     return f"{PREFIX}:{ns}:{{{ns}/usage}}:usage"
+
+
+def commit_keys(ns: str) -> tuple[str, str, str]:
+    """A namespace's commits, one tag `{<ns>/commits}`: HASH sha -> the session that produced it, ZSET of the
+    shas by lexical order (a short sha's prefix read), ZSET sha -> when noted (the oldest dropped first)."""
+    base = f"{PREFIX}:{ns}:{{{ns}/commits}}"
+    return f"{base}:records", f"{base}:bysha", f"{base}:bytime"

@@ -70,6 +70,8 @@ LEASE_CONFLICT_ALERTS = Counter("memento_lease_conflict_alerts_total",
 STALE_LEASE_REFUSALS = Counter("memento_stale_lease_refusals_total", "Emits refused for an old fencingToken")
 MAILBOX_MESSAGES = Counter("memento_mailbox_messages_total", "Mailbox copies sent (stored, or a duplicate id)",
                            ["outcome"])
+HOOK_ANSWERS = Counter("memento_hook_answers_total", "Hook inputs answered, or allowed unread: malformed, "
+                       "unknown_event", ["outcome"])
 MAILBOX_DROPPED = Counter("memento_mailbox_dropped_total", "Oldest messages dropped at MEMENTO_MAILBOX_MAX")
 MAILBOX_REFUSED = Counter("memento_mailbox_refused_total",
                           "mailbox.send refused: mailbox_limit (MEMENTO_MAILBOXES_MAX), unknown_agent, id_taken",
@@ -93,7 +95,8 @@ OTLP_REQUESTS = Counter("memento_otlp_requests_total", "OTLP/HTTP export request
                         "failed)",
                         ["signal", "outcome"])
 OTLP_RECORDS = Counter("memento_otlp_records_total", "OTLP log records and metric points taken (usage) or ignored "
-                       "(another event or metric, no session.id)", ["signal", "outcome"])
+                       "(another event or metric, no session.id, unknown_session, duplicate: a retried request)",
+                       ["signal", "outcome"])
 
 # Every label value the daemon can count, with a 0 sample from the start: a counter with no sample until its
 # first increment reads as no data, so `increase(...)` and `rate(...)` over the first failure show nothing.
@@ -109,6 +112,7 @@ KNOWN_LABELS: dict[Counter, tuple[str | tuple[str, ...], ...]] = {
     LEASE_ENDS: ("released", "expired", "orphaned"),
     PACED_SECONDS: ("lease", "batch", "checkpoint", "copy"),
     MAILBOX_MESSAGES: ("stored", "duplicate"),
+    HOOK_ANSWERS: ("answered", "malformed", "unknown_event"),
     MAILBOX_REFUSED: ("mailbox_limit", "unknown_agent", "id_taken"),
     LIFECYCLE: ("suspended", "kept", "resumed", "cleared", "forked", "archived", "suspend_failed", "heavy_refused"),
     # a counter of several labels: every combination (usage: "other" stands for models not seen yet)
@@ -118,7 +122,7 @@ KNOWN_LABELS: dict[Counter, tuple[str | tuple[str, ...], ...]] = {
     OTLP_REQUESTS: tuple((signal, outcome) for signal in ("logs", "metrics") for outcome in (
         "ok", "bad_request", "unauthorized", "too_large", "rate_limited", "unsupported", "unavailable", "failed")),
     OTLP_RECORDS: tuple((signal, outcome) for signal in ("logs", "metrics")
-                        for outcome in ("taken", "not_usage", "too_many_sessions")),
+                        for outcome in ("taken", "not_usage", "too_many_sessions", "unknown_session", "duplicate")),
 }
 for _counter, _values in KNOWN_LABELS.items():
     for _value in _values:

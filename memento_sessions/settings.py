@@ -55,14 +55,19 @@ class Settings(BaseSettings):
     otlp_rate_limit: Rate = 100.0  # OTLP/HTTP requests a second per agent (usage/receiver.py)
     otlp_max_body: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     otlp_max_records: int = Field(default=10_000, ge=1, le=1_000_000)  # log records and metric points a request
+    otlp_dedupe_window: int = Field(default=300, ge=0, le=3600)  # seconds a session remembers an OTLP request; 0: off
+    otlp_dedupe_requests: int = Field(default=1000, ge=1, le=100_000)  # OTLP requests a session remembers at most
     redis_spin_us: int = Field(default=250, ge=0, le=10_000)
     replica_acks: int = Field(default=0, ge=0, le=16)
     replica_ack_timeout_ms: int = Field(default=1000, ge=1, le=4000)  # under the hot path's 5 s call watchdog
     bridge_cache_events: int = Field(default=50_000, ge=0, le=10_000_000)
     bridge_cache_bytes: int = Field(default=64 * 1024 * 1024, ge=0, le=16 * 1024 * 1024 * 1024)
+    handoff_freshness_scan: int = Field(default=5000, ge=0, le=1_000_000)  # events a handoff reads for git records
+    commits_max: int = Field(default=100_000, ge=1, le=100_000_000)  # commits noted per namespace (bridge.commit)
     session_max_events: int = Field(default=100_000, ge=10, le=100_000_000)
     usage_runs_per_session: int = Field(default=500, ge=1, le=100_000)
     usage_runs_per_agent: int = Field(default=2000, ge=1, le=1_000_000)
+    usage_agents_per_session: int = Field(default=64, ge=1, le=10_000)  # agents whose share of a session is kept
     usage_ttl: int = Field(default=30 * 86400, ge=60, le=366 * 86400)  # seconds usage outlives its last write
     usage_metric_models: int = Field(default=20, ge=1, le=1000)  # model labels on the usage metrics, then "other"
     namespace_max_sessions: int = Field(default=10_000, ge=1, le=100_000_000)
@@ -79,11 +84,16 @@ class Settings(BaseSettings):
     lease_max_holds: int = Field(default=100, ge=1, le=100_000)
     lease_reply_max: int = Field(default=256, ge=1, le=100_000)
     lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)
+    intent_max_expanded: int = Field(default=512, ge=0, le=100_000)  # graph entities one intent's overlaps reach
     mailbox_ttl: int = Field(default=7 * 86400, ge=60, le=30 * 86400)
     mailbox_max: int = Field(default=1000, ge=1, le=1_000_000)
     mailboxes_max: int = Field(default=10_000, ge=1, le=10_000_000)  # agents with a mailbox, per namespace
     mailbox_unknown_agents: bool = False  # let a send reach an agent never seen in the namespace
     agents_known_max: int = Field(default=100_000, ge=1, le=10_000_000)  # agents a namespace remembers as seen
+    hook_leases: Literal["off", "warn", "enforce"] = "warn"  # the hooks' lease policy on file edits
+    hook_claim_ttl: int = Field(default=600, ge=0, le=3600)  # seconds of an edit's claim on its file (0: none)
+    hook_notices_max: int = Field(default=20, ge=1, le=100)  # messages one hook answer or tool result surfaces
+    hook_agents_max: int = Field(default=1000, ge=10, le=100_000)  # agents a namespace lists as at work now
     auto_compact: bool = True
     compact_keep: int = Field(default=1000, ge=0, le=100_000_000)
     snapshot_max_bytes: int = Field(default=32 * 1024 * 1024, ge=64 * 1024, le=16 * 1024 * 1024 * 1024)

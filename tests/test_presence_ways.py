@@ -71,14 +71,14 @@ async def test_a_visit_ends_after_presence_visit_seconds(backend_urls: Endpoints
 
 async def test_an_agent_writing_through_the_claude_code_hook_is_here(daemon: Daemon, tmp_path: Path,
                                                                        namespace: str) -> None:
-    env = hook_env(tmp_path, namespace, daemon.port)  # the hook's agent is `claude`
+    env = hook_env(tmp_path, namespace, daemon.port)  # the token's agent is `claude`, the session's its own
     for n in range(2):
         done = await anyio.to_thread.run_sync(run_hook, env, hook_input("claude-here", n))
         assert done.returncode == 0
     # what a hook past its time budget spooled (a loaded host) goes now, as its next call would send it
     assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0
     async with rpc(daemon.port, token("w", namespace)) as ws:
-        assert await present(ws, "claude-here") == [("claude", "active", 0)]
+        assert await present(ws, "claude-here") == [("claude:claudehe", "active", 0)]
 
 
 async def test_an_agent_ingesting_is_here(daemon: Daemon, namespace: str) -> None:

@@ -36,19 +36,25 @@ async def test_the_python_example_runs_as_written(daemon: Daemon, namespace: str
     assert done.stdout.decode().splitlines() == ["1 start", "2 broke"]
 
 
-def settings_block() -> dict[str, Any]:
-    (block,) = [text for text in blocks("json") if '"hooks"' in text]
-    settings: dict[str, Any] = json.loads(block)
-    return settings
+def settings_blocks() -> list[dict[str, Any]]:
+    """The README's settings blocks: the http form first, then the command form."""
+    return [json.loads(text) for text in blocks("json") if '"hooks"' in text]
 
 
-def test_the_settings_block_registers_every_event_the_hook_understands() -> None:
-    hooks = settings_block()["hooks"]
-    assert sorted(hooks) == sorted(HOOK_EVENTS)
-    for name, entries in hooks.items():
-        assert [hook["command"] for entry in entries for hook in entry["hooks"]] == ["memento-sessions hook"], name
-        if "ToolUse" in name:
-            assert [entry.get("matcher") for entry in entries] == ["*"], name
+def test_the_settings_blocks_register_every_event_the_hook_understands() -> None:
+    http, command = (block["hooks"] for block in settings_blocks())
+    for form, expected in ((http, "http"), (command, "command")):
+        assert sorted(form) == sorted(HOOK_EVENTS), expected
+        for name, entries in form.items():
+            hooks = [hook for entry in entries for hook in entry["hooks"]]
+            assert [hook["type"] for hook in hooks] == [expected], name
+            if "ToolUse" in name:
+                assert [entry.get("matcher") for entry in entries] == ["*"], name
+    for hook in (hook for entries in http.values() for entry in entries for hook in entry["hooks"]):
+        assert hook["url"].endswith("/hooks/claude-code")
+        assert hook["headers"]["Authorization"] == "Bearer $MEMENTO_TOKEN" and "MEMENTO_TOKEN" in hook["allowedEnvVars"]
+    assert {hook["command"] for entries in command.values() for entry in entries for hook in entry["hooks"]} == {
+        "memento-sessions hook"}
 
 
 async def test_a_failed_test_run_makes_the_live_session_broken(daemon: Daemon, namespace: str,

@@ -33,6 +33,7 @@ from tests.test_ingest_daemon import url
 pytestmark = pytest.mark.anyio
 LOGS = FIXTURES / "claude_code_otlp_logs.json"
 SESSION = "d6e0bada-5f3b-4c1e-9f0e-2b7c8a1d4e21"
+AGENT = "claude:d6e0bada"  # the Claude Code session's own agent of the token `claude`, for its hook and its telemetry
 PROTOBUF, JSON = {"content-type": "application/x-protobuf"}, {"content-type": "application/json"}
 TOKENS = {"input_tokens": "inputTokens", "output_tokens": "outputTokens", "cache_read_tokens": "cacheReadTokens",
           "cache_creation_tokens": "cacheCreationTokens"}
@@ -110,7 +111,7 @@ async def test_claude_code_export_lands_in_the_hook_session_per_prompt(daemon: D
     assert totals["source"] == "otel" and totals["runs"] == 2 and totals["costUnknownRuns"] == 0
     assert totals["costUsd"] == pytest.approx(sum(run["costUsd"] for run in expected.values()))
     assert totals["cacheReadTokens"] == 17915 + 25798 and totals["apiCalls"] == 3
-    agent = await usage(daemon, namespace, agentId="claude")
+    agent = await usage(daemon, namespace, agentId=AGENT)
     assert agent["totals"] == totals and len(agent["runs"]) == 3  # the hook and the telemetry are one agent
     after = sample("memento_usage_tokens_total", {"model": "claude-haiku-4-5", "source": "otel", "type": "input"})
     assert after - before == 350
@@ -212,9 +213,9 @@ async def test_another_namespace_sees_nothing(daemon: Daemon, namespace: str) ->
     reply = await post(daemon, "logs", LOGS.read_bytes(), JSON, token("claude", other))
     assert reply.status_code == 200  # the other namespace has no such session: its agent's totals alone
     for mine in (await usage(daemon, namespace, sessionId=SESSION), await usage(daemon, namespace),
-                 await usage(daemon, namespace, agentId="claude")):
+                 await usage(daemon, namespace, agentId=AGENT)):
         assert list(mine["bySource"]) == ["events"] and mine["totals"]["inputTokens"] == 0  # the hook's alone
-    theirs = await usage(daemon, other, agentId="claude")
+    theirs = await usage(daemon, other, agentId=AGENT)
     assert theirs["totals"]["inputTokens"] == 3 + 1 + 350 and theirs["runs"] == []
 
 

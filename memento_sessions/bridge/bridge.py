@@ -18,6 +18,7 @@ from memento_sessions.bridge import advice
 from memento_sessions.bridge.archive import Anchor, Record, read_archive, read_breaks, read_live, session_anchors, stamp
 from memento_sessions.bridge.cache import DEFAULT_BYTES, EventCache, Hint
 from memento_sessions.bridge.context import Context, TransitionContext
+from memento_sessions.bridge.freshness import freshness
 from memento_sessions.bridge.queries import CLUSTER_OUTCOMES, HANDOFF_CONTEXT
 from memento_sessions.bridge.timeline import Event, breakages, by_actor, perf_sum, touched
 from memento_sessions.checkpoints.snapshots import Snapshots
@@ -107,17 +108,20 @@ class SessionBridge:
         result["events"] = page.items
         return result
 
-    async def handoff(self, ns: str, session_id: str) -> Result:
-        """What a joining agent needs: state, agents, the last 10 events and the KG around what they changed."""
+    async def handoff(self, ns: str, session_id: str, head: str | None = None, digest: str | None = None) -> Result:
+        """What a joining agent needs: state, agents, the last 10 events and the KG around what they changed,
+        and how fresh the agent's recorded git state is (compared with the receiver's `head` and `digest`)."""
         with timed("handoff"):
             record = await self._record(ns, session_id, tail=RECENT)
             recent = record.events[-RECENT:]
             ids = touched(recent) or (record.anchors[-1]["entityIds"] if record.anchors else [])
             context = await self._handoff_context(ns, ids)
             session = record.session
+            fresh = None if record.source != "live" else await freshness(
+                self.manager, ns, session, self.manager.settings.handoff_freshness_scan, head, digest)
             return {"sessionId": session_id, "state": session["state"], "agentIds": session["agentIds"],
                     "recentChanges": recent, "kgContext": context,
-                    "joiningAdvice": advice.joining(record, recent, ids), "source": record.source}
+                    "joiningAdvice": advice.joining(record, recent, ids), "freshness": fresh, "source": record.source}
 
     async def outcomes(self, ns: str, cluster_id: str, days: int = 7) -> Result:
         """A cluster's name, its specs' titles and the anchors its members got in the last `days` days."""

@@ -132,3 +132,8 @@ class Methods:
                         edges: Sequence[Mapping[str, Any]] | None = None) -> Result:
         """`kg.upsert` (scope kg:write): {nodes, edges} counts; upserts are idempotent, so retried."""
         return await self.call("kg.upsert", compact(nodes=nodes, edges=edges), retry=True)
+
+    async def message_status(self, message_id: str) -> Result:
+        """`mailbox.status`: {messageId, recipients: [{agentId, stored, pushed, surfaced, acked}]} (ISO times or
+        None) of a message this agent sent."""
+        return await self.call("mailbox.status", {"messageId": message_id}, retry=True)

@@ -27,7 +27,7 @@ local KEEP = 7200 -- seconds a coordination key outlives its last write: the lon
 local SCAN = 16 -- leases or agents the reaper reads per step
 local FIRST, NEXT = 4, 64 -- holds read by the first step of a conflict check (usually enough), then by each next
 local REAP_BUDGET = 20000 -- holds one reap call removes at most; the reaper calls again while it says `more`
-local PAIRS = 11 -- mc_acquire's first ARGV of its (entity, via) pairs
+local PAIRS = 12 -- mc_acquire's first ARGV of its (entity, via) pairs (ARGV[11] says how many ARGVs they take)
 local CHUNK = 1000 -- fields one HMGET, HSET or HDEL names at most (unpack's limit is far above)
 
 local function keep(keys)
@@ -45,6 +45,7 @@ end
 
 local function hold_key(keys, mode, entity)
   if mode == 'exclusive' then return keys[2] .. ':x:' .. entity end
+  if mode == 'intent' then return keys[2] .. ':i:' .. entity end -- intents: no counts, never a conflict
   return keys[2] .. ':s:' .. entity
 end
 
@@ -98,7 +99,7 @@ local function drop(keys, lease_id)
     redis.call('ZREM', hold_key(keys, lease.mode, pair[1]), hold_member(lease.agentId, lease_id, pair[2]))
     entities[j] = pair[1]
   end
-  add_counts(keys[8], entities, read_counts(keys[8], entities), -1)
+  if lease.mode ~= 'intent' then add_counts(keys[8], entities, read_counts(keys[8], entities), -1) end
   if lease.mode == 'exclusive' then add_counts(keys[9], entities, read_counts(keys[9], entities), -1) end
   redis.call('ZREM', keys[5], lease.agentId .. '/' .. lease_id)
   redis.call('HDEL', keys[1], lease_id)
@@ -125,7 +126,7 @@ end
 -- The live holds on one zset of agents other than `agent`, latest end first, appended to `found` as
 -- conflicts while it has fewer than `room`. Returns whether there is any, and whether one was left out.
 -- Only the agent's own holds are stepped over: the work does not grow with other agents' holds.
-local function others(key, mode, agent, now, entity, via, found, room)
+local function others(key, mode, agent, now, entity, via, found, room, subject)
   local offset, any, step = 0, false, FIRST
   while true do
     local batch = redis.call('ZRANGE', key, '+inf', '(' .. now, 'BYSCORE', 'REV', 'LIMIT', offset, step)
@@ -134,8 +135,9 @@ local function others(key, mode, agent, now, entity, via, found, room)
       if holder ~= agent then
         if #found >= room then return true, true end
         any = true
-        local conflict = {entityId = entity, heldBy = holder, leaseId = lease_id, mode = mode}
-        if held_via ~= '' then conflict.via = held_via elseif via ~= '' then conflict.via = via end
+        local conflict = {entityId = subject or entity, heldBy = holder, leaseId = lease_id, mode = mode}
+        if subject then conflict.via = entity -- a container's hold reaches the entity added to it
+        elseif held_via ~= '' then conflict.via = held_via elseif via ~= '' then conflict.via = via end
         table.insert(found, conflict)
       end
     end
@@ -144,16 +146,52 @@ local function others(key, mode, agent, now, entity, via, found, room)
   end
 end
 
--- The (entity, via) pairs of mc_acquire's ARGV, each entity once.
+-- The (entity, via) pairs of mc_acquire's ARGV, each entity once, then the (container, entity) pairs after
+-- them: the containers of what the lease covers, checked for conflicts but not held.
 local function items_of(args)
-  local items, seen = {}, {}
-  for i = PAIRS, #args, 2 do
+  local items, seen, last = {}, {}, PAIRS + tonumber(args[11]) - 1
+  for i = PAIRS, last, 2 do
     if not seen[args[i]] then
       seen[args[i]] = true
       table.insert(items, {args[i], args[i + 1]})
     end
   end
-  return items
+  local above = {}
+  for i = last + 1, #args, 2 do table.insert(above, {args[i], args[i + 1]}) end
+  return items, above
+end
+
+-- The conflicts through containers: a lease on a container holds what the graph has added to it since, so
+-- another agent's hold on a container of a covered entity conflicts as if that entity were held (via it).
+-- Appends to `found`; returns how many of the entities have one, and whether one was left out.
+local function through(keys, agent, mode, now, room, above, found)
+  local containers, seen = {}, {}
+  for j, pair in ipairs(above) do containers[j] = pair[1] end
+  for _, conflict in ipairs(found) do seen[conflict.leaseId .. '/' .. conflict.entityId] = true end
+  local totals, exclusives = read_counts(keys[8], containers), read_counts(keys[9], containers)
+  local conflicting, cut, hit = 0, false, {}
+  for j, pair in ipairs(above) do
+    local got, left, left_shared, _ = {}, false, false, nil
+    if exclusives[j] > 0 then
+      _, left = others(hold_key(keys, 'exclusive', pair[1]), 'exclusive', agent, now, pair[1], '', got, room, pair[2])
+    end
+    if mode == 'exclusive' and totals[j] > exclusives[j] then
+      _, left_shared = others(hold_key(keys, 'shared', pair[1]), 'shared', agent, now, pair[1], '', got, room, pair[2])
+    end
+    for _, conflict in ipairs(got) do -- a lease already found on the entity itself (it covered it) is not doubled
+      local key = conflict.leaseId .. '/' .. conflict.entityId
+      if not seen[key] then
+        seen[key] = true
+        if #found >= room then cut = true else table.insert(found, conflict) end
+        if not hit[pair[2]] then
+          hit[pair[2]] = true
+          conflicting = conflicting + 1
+        end
+      end
+    end
+    cut = cut or left or left_shared
+  end
+  return conflicting, cut
 end
 
 -- A hold conflicts when another agent holds it and either side is exclusive. Returns the listed conflicts
@@ -225,9 +263,38 @@ local function grant(keys, args, items, counted, agent, lease_id, mode, expires,
   return token
 end
 
+-- An intent (a declaration of planned work): always granted, never a conflict for anyone. It writes the lease,
+-- and one member per named entity in the entity's intent zset (`<holds>:i:<entityId>`, read by mc_overlaps),
+-- no counts and no fencing token. ARGV as mc_acquire's.
+local function intend(keys, args, items, agent, lease_id, expires)
+  local now = tonumber(args[1])
+  if redis.call('ZCOUNT', keys[3], '(' .. now, '+inf') >= tonumber(args[6]) then
+    return redis.error_reply('FULL lease_limit ' .. args[6] .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
+  end
+  for _, item in ipairs(items) do
+    if redis.call('ZCOUNT', hold_key(keys, 'intent', item[1]), '(' .. now, '+inf') >= tonumber(args[9]) then
+      return redis.error_reply('FULL entity_holds ' .. item[1] .. ' already has ' .. args[9] ..
+                               ' live intents (MEMENTO_LEASE_MAX_HOLDS)')
+    end
+  end
+  for _, item in ipairs(items) do
+    local key = hold_key(keys, 'intent', item[1])
+    redis.call('ZADD', key, expires, hold_member(agent, lease_id, ''))
+    redis.call('EXPIRE', key, KEEP)
+  end
+  redis.call('HSET', keys[1], lease_id, args[7] .. ',"covers":[],"coversOmitted":0,"fencingToken":null,' ..
+             '"expiresAt":' .. expires .. '}')
+  redis.call('HSET', keys[7], lease_id, cjson.encode(items))
+  redis.call('ZADD', keys[3], expires, lease_id)
+  redis.call('ZADD', keys[5], 0, agent .. '/' .. lease_id)
+  redis.call('ZADD', keys[6], now, agent)
+  keep(keys)
+  return cjson.encode({granted = true, conflicts = {}, expiresAt = expires})
+end
+
 -- ARGV: now_ms, agent, lease_id, mode, ttl_ms, lease_max, lease_json_tail, graph_version, max_holds (live
--- holds one entity may have), listed (conflicts a reply lists, covered entities a lease names), then (entity,
--- via) pairs from PAIRS on. lease_json_tail is the lease's JSON without its closing brace; covers, token and
+-- holds one entity may have), listed (conflicts a reply lists, covered entities a lease names), how many ARGVs
+-- the pairs take, then (entity, via) pairs from PAIRS on, then (container, entity) pairs to the end. lease_json_tail is the lease's JSON without its closing brace; covers, token and
 -- expiry are added here. The pairs were expanded from the graph at graph_version ('*': there is no graph):
 -- when the graph has changed since, nothing is granted and the reply says `stale` (the caller expands again
 -- and retries). Expired leases are left to the reaper: a grant's work is bounded by its own pairs.
@@ -237,8 +304,11 @@ local function acquire(keys, args)
   if args[8] ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= args[8] then
     return cjson.encode({granted = false, stale = true})
   end
-  local room, items = tonumber(args[10]), items_of(args)
+  local room, items, above = tonumber(args[10]), items_of(args)
+  if mode == 'intent' then return intend(keys, args, items, agent, lease_id, now + ttl) end
   local found, conflicting, cut, full, counted = survey(keys, agent, mode, now, room, tonumber(args[9]), items)
+  local more, more_cut = through(keys, agent, mode, now, room, above, found)
+  conflicting, cut = conflicting + more, cut or more_cut
   redis.call('ZADD', keys[6], now, agent)
   local reply = {conflicts = found}
   if cut then
@@ -368,6 +438,19 @@ local function holds(keys, args)
   return out
 end
 
+-- KEYS = the lease keys; ARGV: now_ms, then entity ids. mc_holds' flat list, then each entity's live intents as
+-- (entityId, 'intent', holder, leaseId, ''). Read only: an intent's overlaps in one call.
+local function overlaps(keys, args)
+  local out, from = holds(keys, args), '(' .. tonumber(args[1])
+  for i = 2, #args do
+    for _, member in ipairs(redis.call('ZRANGE', hold_key(keys, 'intent', args[i]), '+inf', from, 'BYSCORE', 'REV')) do
+      local holder, lease_id = string.match(member, '^([^/]*)/([^/]*)/')
+      for _, item in ipairs({args[i], 'intent', holder, lease_id, ''}) do table.insert(out, item) end
+    end
+  end
+  return out
+end
+
 -- Mailbox KEYS = {order (zset messageId -> per-agent seq), messages (hash messageId -> message JSON, field
 -- '#' the agent's seq counter, field '@' the unix second its keys are kept until), acked (set of messageIds)}.
 -- ARGV: message_id, message_json_tail (the JSON after its opening `{"seq":N,`), max, until (the unix second
@@ -410,7 +493,9 @@ local function send(keys, args)
   local message = '{"seq":' .. seq .. ',' .. args[2]
   redis.call('HSET', keys[2], '#', seq, id, message)
   local pushed = args[7] and ('{"seq":' .. seq .. ',' .. args[7]) or message
-  redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. pushed .. '}')
+  if args[5] ~= '' then -- '': stored only (the sender's own copy of what its reply already said)
+    redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. pushed .. '}')
+  end
   redis.call('ZADD', keys[1], seq, id)
   local dropped = 0
   if seq > max then dropped = trim(keys, max) end -- at most seq messages were ever stored
@@ -451,21 +536,70 @@ local function post(keys, args)
   return 'OK'
 end
 
--- ARGV: message ids. Marks those still stored as read; returns how many. The acked set may be new (a trim
+-- ARGV: message ids. Marks those still stored as read; returns their ids. The acked set may be new (a trim
 -- can empty it): it gets the mailbox's keep-until expiry.
 local function ack(keys, args)
-  local count = 0
+  local count, acked = 0, {}
   for _, id in ipairs(args) do
     if redis.call('ZSCORE', keys[1], id) then
       redis.call('SADD', keys[3], id)
       count = count + 1
+      table.insert(acked, id)
     end
   end
   local kept = redis.call('HGET', keys[2], '@')
   if count > 0 and kept and redis.call('EXPIRETIME', keys[3]) < tonumber(kept) then
     redis.call('EXPIREAT', keys[3], kept)
   end
-  return count
+  return acked
+end
+
+-- What is new for an agent's context. KEYS = the mailbox's {order, messages, acked} and its surfaced cursor;
+-- ARGV: limit. Returns the stored JSON of up to `limit` messages after the cursor, unacked ones only, and
+-- moves the cursor past every message it looked at, in one call: two concurrent hooks of one agent never
+-- surface one message twice. The cursor lives as long as the mailbox.
+local function surface(keys, args)
+  local cursor = tonumber(redis.call('GET', keys[4]) or '0')
+  local found = redis.call('ZRANGEBYSCORE', keys[1], '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, tonumber(args[1]))
+  if #found == 0 then return {} end
+  local out = {}
+  for i = 1, #found, 2 do
+    if redis.call('SISMEMBER', keys[3], found[i]) == 0 then
+      local message = redis.call('HGET', keys[2], found[i])
+      if message then table.insert(out, message) end
+    end
+  end
+  redis.call('SET', keys[4], found[#found])
+  local kept = redis.call('HGET', keys[2], '@')
+  if kept then redis.call('EXPIREAT', keys[4], kept) else redis.call('EXPIRE', keys[4], KEEP) end
+  return out
+end
+
+-- A message's receipts (keys.mail_receipts), one stage for one recipient over several messages. KEYS = the
+-- messages' receipt hashes; ARGV: agent, stage, at (ISO time), channel, until, then the message ids (one per
+-- key). With a channel (the sender's, at `stored`) the hash is created and kept until `until` (unix seconds)
+-- plus SLACK; without one, a message with no receipts (a conflict alert, an expired one) gets nothing. Each
+-- stage keeps its first time; a new one is pushed to the sender's channel as `mailbox.receipt`. Returns how
+-- many were new.
+local function receipt(keys, args)
+  local agent, stage, at, channel, ends = args[1], args[2], args[3], args[4], tonumber(args[5])
+  local new = 0
+  for i = 1, #keys do
+    local id = args[5 + i]
+    if channel ~= '' then
+      redis.call('HSETNX', keys[i], '#channel', channel)
+      if redis.call('EXPIRETIME', keys[i]) < ends + SLACK then redis.call('EXPIREAT', keys[i], ends + SLACK) end
+    end
+    if redis.call('EXISTS', keys[i]) == 1 and redis.call('HSETNX', keys[i], agent .. '|' .. stage, at) == 1 then
+      new = new + 1
+      if stage ~= 'stored' then
+        local params = cjson.encode({messageId = id, agentId = agent, stage = stage, at = at})
+        redis.call('PUBLISH', redis.call('HGET', keys[i], '#channel'),
+                   '{"jsonrpc":"2.0","method":"mailbox.receipt","params":' .. params .. '}')
+      end
+    end
+  end
+  return new
 end
 
 -- Fencing, session side. KEYS = {session hash, idempotency hash}; ARGV: (entityId, token) pairs, the
@@ -492,7 +626,9 @@ end
 
 -- One table, one loop (the load-time sandbox has no pairs/ipairs: a numeric for it is).
 local FUNCTIONS = {{'mc_acquire', acquire}, {'mc_renew', renew}, {'mc_release', release}, {'mc_reap', reap},
-                   {'mc_send', send}, {'mc_ack', ack}, {'mc_post', post}, {'mc_fence_sync', fence_sync},
+                   {'mc_send', send}, {'mc_ack', ack}, {'mc_post', post},
+                   {'mc_surface', surface}, {'mc_receipt', receipt}, {'mc_fence_sync', fence_sync},
                    {'mc_graph_changed', graph_changed}}
 for i = 1, #FUNCTIONS do redis.register_function(FUNCTIONS[i][1], FUNCTIONS[i][2]) end
 redis.register_function{function_name = 'mc_holds', callback = holds, flags = {'no-writes'}}
+redis.register_function{function_name = 'mc_overlaps', callback = overlaps, flags = {'no-writes'}}

@@ -17,6 +17,10 @@ The caches of all namespaces together hold at most MEMENTO_LEASE_COVERAGE_EDGES 
 input): loading one past it first forgets the least recently used others, and a namespace with more edges
 than that alone is not cached: its acquires read their own entities' contents (the per-acquire read, the
 same answer).
+
+The cache also answers the other way (`containers`): the files that define an entity and the clusters it is a
+member of. A grant checks the holds on those too, without holding them, so a lease on a file covers a symbol
+the graph added to it after the lease was granted.
 """
 
 from __future__ import annotations
@@ -39,6 +43,13 @@ OPTIONAL MATCH (n)-[:DEFINES]->(s)
 OPTIONAL MATCH (m)-[:MEMBER_OF_CLUSTER]->(n)
 RETURN id, collect(DISTINCT s.id), collect(DISTINCT m.id)
 """
+CONTAINERS = """
+UNWIND $ids AS id
+MATCH (n:CodebaseEntity {id: id})
+OPTIONAL MATCH (f)-[:DEFINES]->(n)
+OPTIONAL MATCH (n)-[:MEMBER_OF_CLUSTER]->(c)
+RETURN id, collect(DISTINCT f.id), collect(DISTINCT c.id)
+"""
 CONTAINS = """
 MATCH (n:CodebaseEntity)-[:DEFINES]->(s) RETURN n.id AS outer, s.id AS inner LIMIT {limit}
 UNION ALL
@@ -58,6 +69,7 @@ class Contents:
     inner: dict[str, list[str]] | None
     until: float  # reloaded from here on (by the reaper's loop; by an acquire only MAX_AGE later)
     edges: int = 0  # what it counts against the daemon's MEMENTO_LEASE_COVERAGE_EDGES
+    outer: dict[str, list[str]] | None = None  # contained -> its containers (the same edges, the other way)
 
 
 class Coverage:
@@ -88,6 +100,29 @@ class Coverage:
             return contents.version, await self.read(namespace, entity_ids)
         return contents.version, expand(entity_ids, contents.inner, self.max_covered)
 
+    async def containers(self, namespace: str, version: str, pairs: Pairs) -> Pairs:
+        """(container, entity) for each covered entity's containers that the pairs do not hold themselves: a
+        lease on a container holds what the graph added to it after its grant, so the grant checks them too.
+        From the cache when it is at `version`, else (NO_GRAPH: the grant checks no version) one Cypher read;
+        none without a graph."""
+        if self.graphs is None:
+            return []
+        held = {entity for entity, _ in pairs}
+        contents = self._cache.get(namespace)
+        if contents is not None and contents.version == version and contents.outer is not None:
+            found = [(outer, entity) for entity in held for outer in contents.outer.get(entity, ())]
+        else:
+            found = await self._read_containers(namespace, list(held))
+        return [(outer, entity) for outer, entity in found if outer not in held][:self.max_covered + 1]
+
+    async def _read_containers(self, namespace: str, entity_ids: list[str]) -> Pairs:
+        graph = await self.graphs.existing(namespace) if self.graphs is not None else None
+        if graph is None:
+            return []
+        result = await graph.ro_query(CONTAINERS, {"ids": entity_ids})
+        return [(str(outer), str(entity)) for entity, files, clusters in result.result_set
+                for outer in (*files, *clusters) if outer is not None]
+
     async def reload(self, namespace: str, stale: str | None) -> Contents:
         """Load the namespace's containment at its current version (once, however many acquires wait for it);
         `stale` names a version the grant refused, which a concurrent load may already have replaced."""
@@ -98,7 +133,7 @@ class Coverage:
                 return current
             version = await self.store.command("HGET", keys.lease_keys(namespace).fence, GRAPH_FIELD) or ""
             inner, edges = await self._load(namespace)
-            contents = Contents(str(version), inner, time.monotonic() + MAX_AGE, edges)
+            contents = Contents(str(version), inner, time.monotonic() + MAX_AGE, edges, reverse(inner))
             self._forget(namespace)
             if len(self._cache) >= MAX_NAMESPACES:
                 self._cache.clear()
@@ -156,6 +191,17 @@ class Coverage:
 
 
 GRAPH_FIELD = "\x01graph"  # the fence hash's field holding the graph version (entity ids hold no control chars)
+
+
+def reverse(inner: dict[str, list[str]] | None) -> dict[str, list[str]] | None:
+    """contained -> its containers, from container -> contained."""
+    if inner is None:
+        return None
+    outer: dict[str, list[str]] = {}
+    for container, contained in inner.items():
+        for entity in contained:
+            outer.setdefault(entity, []).append(container)
+    return outer
 
 
 def expand(entity_ids: Sequence[str], inner: dict[str, list[str]], cap: int) -> Pairs:

@@ -74,25 +74,39 @@ class Leases:
         tail = pydantic_core.to_json({"leaseId": lease_id, "agentId": who.agent_id, "mode": mode,
                                       "entityIds": list(entity_ids), "sessionId": session_id, "reason": reason,
                                       "acquiredAt": iso(now)}).decode()[:-1]
-        version, pairs = await self._covered(who.namespace, entity_ids)
-        for attempt in range(STALE_RETRIES + 1):
-            reply = await self._grant(who, lease_id, mode, ttl, tail, version, pairs)
-            if not reply.get("stale"):
-                break
-            if attempt < STALE_RETRIES:  # the graph changed since the cache was loaded: load it again
-                await self.coverage.reload(who.namespace, version)
-                version, pairs = await self._covered(who.namespace, entity_ids)
-            else:  # it keeps changing (a bulk load): this grant reads its own entities' contents
-                version, pairs = NO_GRAPH, self._bounded(await self.coverage.read(who.namespace, entity_ids))
+        if mode == "intent":  # what it names, no coverage: it holds nothing and conflicts with nobody
+            reply = await self._grant(who, lease_id, mode, ttl, tail, NO_GRAPH, [(e, "") for e in entity_ids], [])
+            pairs: Pairs = []
+        else:
+            reply, pairs = await self._granted(who, lease_id, mode, ttl, tail, entity_ids)
         if who.namespace not in self._indexed:  # once per namespace and process; the reaper keeps the set's TTL
             await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
             self._indexed.add(who.namespace)
         (GRANTED if reply["granted"] else REFUSED).inc()
         return self._reply(reply, lease_id, pairs)
 
-    async def _covered(self, namespace: str, entity_ids: Sequence[str]) -> tuple[str, Pairs]:
+    async def _granted(self, who: Identity, lease_id: str, mode: str, ttl: int, tail: str,
+                       entity_ids: Sequence[str]) -> tuple[Result, Pairs]:
+        """The grant over the coverage at the graph's current version (expanded again while the graph changes)."""
+        version, pairs, above = await self._covered(who.namespace, entity_ids)
+        for attempt in range(STALE_RETRIES + 1):
+            reply = await self._grant(who, lease_id, mode, ttl, tail, version, pairs, above)
+            if not reply.get("stale"):
+                break
+            if attempt < STALE_RETRIES:  # the graph changed since the cache was loaded: load it again
+                await self.coverage.reload(who.namespace, version)
+                version, pairs, above = await self._covered(who.namespace, entity_ids)
+            else:  # it keeps changing (a bulk load): this grant reads its own entities' contents
+                pairs = self._bounded(await self.coverage.read(who.namespace, entity_ids))
+                above = self._bounded(await self.coverage.containers(who.namespace, NO_GRAPH, pairs))  # read now
+                version = NO_GRAPH
+        return reply, pairs
+
+    async def _covered(self, namespace: str, entity_ids: Sequence[str]) -> tuple[str, Pairs, Pairs]:
+        """The graph version, the pairs the lease holds, and the containers of those it checks but does not hold."""
         version, pairs = await self.coverage.covered(namespace, entity_ids)
-        return version, self._bounded(pairs)
+        pairs = self._bounded(pairs)
+        return version, pairs, self._bounded(await self.coverage.containers(namespace, version, pairs))
 
     def _bounded(self, pairs: Pairs) -> Pairs:
         """The pairs, or -32009 `lease_too_large` when they are more than one lease may cover."""
@@ -114,19 +128,22 @@ class Leases:
                     "expiresAt": None}
         covers, room = [entity for entity, via in pairs if via], self.settings.lease_reply_max
         result = {"leaseId": lease_id, "granted": True, "conflicts": conflicts, **cut,
-                  "fencingToken": reply["fencingToken"], "expiresAt": iso(reply["expiresAt"]), "covers": covers[:room]}
+                  "fencingToken": reply.get("fencingToken"),  # none for an intent
+                  "expiresAt": iso(reply["expiresAt"]), "covers": covers[:room]}
         if len(covers) > room:
             result["coversOmitted"] = len(covers) - room
         return result
 
     async def _grant(self, who: Identity, lease_id: str, mode: str, ttl: int, tail: str, version: str,
-                     pairs: Pairs) -> Result:
+                     pairs: Pairs, above: Pairs) -> Result:
         """The one Function call of an acquire: `{granted, conflicts, ...}` or `{stale: true}`."""
         flat = [item for pair in pairs for item in pair]
+        checked = [item for pair in above for item in pair]
         try:
             raw = await self.store.call("mc_acquire", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
                                         lease_id, mode, ttl * 1000, self.settings.lease_max, tail, version,
-                                        self.settings.lease_max_holds, self.settings.lease_reply_max, *flat)
+                                        self.settings.lease_max_holds, self.settings.lease_reply_max, len(flat),
+                                        *flat, *checked)
         except Conflict as exc:
             LEASE_ACQUIRES.labels(exc.data["reason"] if isinstance(exc.data, dict) else "lease_limit").inc()
             raise

@@ -5,14 +5,16 @@ body stored once, its recipients' mailboxes counted against MEMENTO_MAILBOXES_MA
 then referenced in each recipient's mailbox by one Function call on that agent's keys (idempotent by message id,
 capped at MEMENTO_MAILBOX_MAX with the oldest dropped and counted) and published on the agent's channel, where
 every daemon serving one of its connections pushes it, body included, at once. A reader gets each reference
-with its body; a conflict alert (alerts.py) is one mailbox's alone and keeps its body in its copy.
+with its body; a conflict alert (alerts.py) is one mailbox's alone and keeps its body in its copy. Each step of
+a sent message's way to each recipient is recorded in its receipts (receipts.py); `surface` hands an agent's
+context what it has not surfaced yet, once (the hook's answers, the MCP tools' notices).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,7 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
+from memento_sessions.coordination.receipts import Receipts
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import Conflict, InvalidParams, NotFound
 from memento_sessions.logs import get_logger
@@ -38,6 +41,8 @@ KNOWN_REFRESH = 3600.0  # seconds between two writes of one agent's last-seen ti
 KNOWN_RETRY = 5.0  # seconds before a write that Redis refused is tried again
 MAX_REMEMBERED = 100_000  # agents one daemon remembers as written (cleared past it)
 STORED, DUPLICATES = MAILBOX_MESSAGES.labels("stored"), MAILBOX_MESSAGES.labels("duplicate")
+MAX_PUSH_RECEIPTS = 1000  # `pushed` receipts one daemon writes at once (past it, one is skipped)
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
 LIMIT, TAKEN, UNKNOWN = (MAILBOX_REFUSED.labels(reason) for reason in ("mailbox_limit", "id_taken", "unknown_agent"))
 
 
@@ -71,13 +76,16 @@ class Encoded:
 class AgentFeed:
     """The fan-out listener of one agent's channel: every frame goes to each of its local connections."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_push: Callable[[str], None] | None = None) -> None:
         self.peers: dict[str, Peer] = {}
+        self.on_push = on_push
 
     def on_message(self, data: str) -> None:
         """A mailbox message or lease conflict for the agent."""
         for peer in tuple(self.peers.values()):
             peer.notify(data)
+        if self.peers and self.on_push is not None:
+            self.on_push(data)
 
     def on_reconnect(self) -> None:
         """Nothing to catch up: what the push missed is in the mailbox."""
@@ -91,6 +99,9 @@ class Mailbox:
         self.settings = settings
         self.fanout = fanout
         self.feeds: dict[str, AgentFeed] = {}
+        self.receipts = Receipts(store)
+        self.spawn: Spawn | None = None  # set while the service runs: where `pushed` receipts are written
+        self._pushing = 0
         self._known: dict[tuple[str, str], float] = {}  # agents written as seen: (namespace, agent) -> until when
 
     async def attach(self, namespace: str, agent: str, peer: Peer) -> None:
@@ -100,7 +111,7 @@ class Mailbox:
         channel = keys.agent_channel(namespace, agent)
         feed = self.feeds.get(channel)
         if feed is None:
-            feed = self.feeds[channel] = AgentFeed()
+            feed = self.feeds[channel] = AgentFeed(lambda data: self._pushed(namespace, agent, data))
         feed.peers[peer.conn_id] = peer
         peer.on_close(lambda: self._detach(channel, feed, peer.conn_id))
         await self.fanout.attach(channel, feed)
@@ -110,6 +121,24 @@ class Mailbox:
         if not feed.peers and self.fanout is not None:
             self.feeds.pop(channel, None)
             self.fanout.detach(channel, feed)
+
+    def _pushed(self, namespace: str, agent: str, data: str) -> None:
+        """A message reached a live connection of the agent: its `pushed` receipt, written in the background."""
+        if self.spawn is None or self._pushing >= MAX_PUSH_RECEIPTS or '"method":"mailbox.message"' not in data[:80]:
+            return
+        message_id = pydantic_core.from_json(data).get("params", {}).get("messageId")
+        if not isinstance(message_id, str):
+            return
+
+        async def write() -> None:
+            self._pushing += 1
+            try:
+                await self.receipts.note(namespace, agent, "pushed", [message_id])
+            except UNAVAILABLE as exc:
+                log.warning("pushed receipt not written: Redis unavailable", agent_id=agent, error=repr(exc))
+            finally:
+                self._pushing -= 1
+        self.spawn(write)
 
     async def recipients(self, who: Identity, to: str) -> list[str]:
         """The agents `to` names: an agent id, `role:<name>` or `session:<id>` (the sender left out of the last two)."""
@@ -141,6 +170,7 @@ class Mailbox:
         await self.post(who, encoded, {"from": who.agent_id, **content}, agents, direct)
         for agent in agents:
             await self.deliver(who.namespace, agent, encoded)
+            await self.receipts.note(who.namespace, agent, "stored", [message_id], who.agent_id, encoded.until)
         return {"messageId": message_id, "recipients": agents}
 
     async def post(self, who: Identity, message: Encoded, content: Result, agents: list[str], direct: bool) -> None:
@@ -186,13 +216,15 @@ class Mailbox:
             self._known.clear()
         self._known[agent] = until
 
-    async def deliver(self, namespace: str, agent: str, message: Encoded, method: str = "mailbox.message") -> bool:
+    async def deliver(self, namespace: str, agent: str, message: Encoded, method: str = "mailbox.message",
+                      push: bool = True) -> bool:
         """Store one message for one agent and push it as `method` (one Function call does both: no message is
-        pushed that is not stored); False when that id was stored already."""
-        push = () if message.push is None else (message.push,)
+        pushed that is not stored; `push=False` stores it only); False when that id was stored already."""
+        pushed = () if message.push is None else (message.push,)
+        channel = keys.agent_channel(namespace, agent) if push else ""
         _, duplicate, dropped = await self.store.call(
             "mc_send", keys.mailbox_keys(namespace, agent), message.message_id, message.tail, self.settings.mailbox_max,
-            message.until, keys.agent_channel(namespace, agent), method, *push)
+            message.until, channel, method, *pushed)
         (DUPLICATES if duplicate else STORED).inc()
         if dropped:
             MAILBOX_DROPPED.inc(int(dropped))
@@ -247,5 +279,18 @@ class Mailbox:
 
     async def ack(self, who: Identity, message_ids: Sequence[str]) -> Result:
         """Mark messages read; returns how many of them were in the mailbox."""
-        count = await self.store.call("mc_ack", keys.mailbox_keys(who.namespace, who.agent_id), *message_ids)
-        return {"acked": int(count)}
+        acked = [str(message_id) for message_id in await self.store.call(
+            "mc_ack", keys.mailbox_keys(who.namespace, who.agent_id), *message_ids)]
+        await self.receipts.note(who.namespace, who.agent_id, "acked", acked)
+        return {"acked": len(acked)}
+
+    async def surface(self, who: Identity, limit: int) -> list[Result]:
+        """The agent's unacked messages not surfaced to its context yet (at most `limit`, oldest first), each
+        once however many hooks or tools ask at the same time; their `surfaced` receipts written."""
+        mailbox = keys.mailbox_keys(who.namespace, who.agent_id)
+        raws = await self.store.call("mc_surface", [*mailbox, keys.surfaced_key(who.namespace, who.agent_id)], limit)
+        now = iso(now_ms())
+        found = [message for message in map(pydantic_core.from_json, raws) if message["expiresAt"] > now]
+        found = await self._with_bodies(who.namespace, found)
+        await self.receipts.note(who.namespace, who.agent_id, "surfaced", [message["messageId"] for message in found])
+        return found

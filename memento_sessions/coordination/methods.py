@@ -1,4 +1,5 @@
-"""JSON-RPC methods of coordination (presence.*, lease.*, mailbox.*) and its hooks on the session methods.
+"""JSON-RPC methods of coordination (presence.*, lease.*, mailbox.*, hook.answer) and its hooks on the session
+methods.
 
 The hooks wrap methods already in the registry rather than editing them: every method notes the caller
 as active (presence, liveness); session.join/subscribe/leave/unsubscribe move presence; event.emit and
@@ -26,7 +27,11 @@ from pydantic import (
 from memento_sessions.auth import MAX_ROLES, ROLE
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import touched
+from memento_sessions.coordination.answers import HookAnswers
+from memento_sessions.coordination.hook_text import notice
+from memento_sessions.coordination.outcomes import outcome_state
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.coordination.tasks import check_completions
 from memento_sessions.errors import Conflict
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import STALE_LEASE_REFUSALS
@@ -74,7 +79,7 @@ class RolesParams(Params):
 class AcquireParams(Params):
     entityIds: list[EntityId] = Field(min_length=1, max_length=64)
     ttl: int = Field(ge=5, le=3600)
-    mode: Literal["exclusive", "shared"] = "exclusive"
+    mode: Literal["exclusive", "shared", "intent"] = "exclusive"
     sessionId: ClientId | None = None
     reason: ShortText | None = None
 
@@ -119,6 +124,21 @@ class AckParams(Params):
     messageIds: list[ClientId] = Field(min_length=1, max_length=1000)
 
 
+class StatusParams(Params):
+    messageId: ClientId
+
+
+class SurfaceParams(Params):
+    limit: int = Field(default=20, ge=1, le=100)
+
+
+class HookParams(Params):
+    input: JsonValue  # Claude Code's hook input as it came: anything malformed is answered `{}` and counted
+    root: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None  # the project root
+    leases: Literal["off", "warn", "enforce"] | None = None  # the lease policy (default MEMENTO_HOOK_LEASES)
+    claimTtl: int | None = Field(default=None, ge=0, le=3600)  # an edit's claim (default MEMENTO_HOOK_CLAIM_TTL)
+
+
 Handler = Callable[[Call, Any], Awaitable[Result]]
 
 
@@ -140,7 +160,7 @@ def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]
         return await coord.presence.set_roles(call.identity, p.roles)
 
     async def acquire(call: Call, p: AcquireParams) -> Result:
-        return await coord.leases.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
+        return await coord.acquire(call.identity, p.entityIds, p.ttl, p.mode, p.sessionId, p.reason)
 
     async def renew(call: Call, p: RenewParams) -> Result:
         return await coord.leases.renew(call.identity, p.leaseId, p.ttl)
@@ -166,7 +186,25 @@ def methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]
         "lease.acquire": (AcquireParams, acquire, write), "lease.renew": (RenewParams, renew, write),
         "lease.release": (ReleaseParams, release, write), "lease.list": (ListLeasesParams, list_, read),
         "mailbox.send": (SendParams, send, write), "mailbox.read": (ReadParams, read_, read),
-        "mailbox.ack": (AckParams, ack, write)}
+        "mailbox.ack": (AckParams, ack, write), **loop_methods(coord)}
+
+
+def loop_methods(coord: Coordination) -> dict[str, tuple[type[Params], Handler, str]]:
+    """What brings the swarm back into an agent's context: receipts, notices, the hooks' answers."""
+    async def status(call: Call, p: StatusParams) -> Result:
+        return await coord.mailbox.receipts.status(call.identity, p.messageId)
+
+    async def surface(call: Call, p: SurfaceParams) -> Result:
+        return {"notices": [notice(message) for message in await coord.mailbox.surface(call.identity, p.limit)]}
+
+    answers = HookAnswers(coord)
+
+    async def hook_answer(call: Call, p: HookParams) -> Result:
+        return {"output": await answers.answer(call.identity, p.input, p.root, p.leases, p.claimTtl)}
+
+    return {"mailbox.status": (StatusParams, status, "sessions:read"),
+            "mailbox.surface": (SurfaceParams, surface, "sessions:write"),
+            "hook.answer": (HookParams, hook_answer, "sessions:write")}
 
 
 def wrap(registry: Registry, name: str, make: Callable[[Handler], Handler]) -> None:
@@ -186,6 +224,8 @@ def hook(registry: Registry, coord: Coordination) -> None:
         wrap(registry, name, lambda inner: visit_hook(coord, inner))
     wrap(registry, "event.emit", lambda inner: emit_hook(coord, inner))
     wrap(registry, "event.emitBatch", lambda inner: batch_hook(coord, inner))
+    for name in ("event.emit", "event.emitBatch"):
+        wrap(registry, name, lambda inner: outcome_hook(coord, inner))
     wrap(registry, "bridge.handoff", lambda inner: handoff_hook(coord, inner))
     for name in [name for name, method in registry.methods.items() if method.scope == "kg:write"]:
         wrap(registry, name, lambda inner: graph_write_hook(coord, inner))
@@ -238,9 +278,10 @@ async def write_fenced(coord: Coordination, call: Call, session_id: str, events:
                        write: Callable[[], Awaitable[Result]]) -> Result:
     """Run an emit after syncing the session's fencing marks; a stale token is counted."""
     entities = fenced(events)
-    if entities:
-        await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
     try:
+        await check_completions(coord.leases, call.identity.namespace, events)  # a task's claim fences its end
+        if entities:
+            await coord.leases.sync_fences(call.identity.namespace, session_id, entities)
         return await write()
     except Conflict as exc:
         if isinstance(exc.data, dict) and exc.data.get("reason") == "stale_lease":
@@ -269,6 +310,24 @@ def emit_hook(coord: Coordination, inner: Handler) -> Handler:
         if conflicts and not result.get("duplicate"):
             await coord.alerts.alert(call.identity, params.sessionId, result["seq"], event, conflicts)
             result["conflicts"] = conflicts
+        return result
+    return handler
+
+
+def outcome_hook(coord: Coordination, inner: Handler) -> Handler:
+    """An emitted break or fix tells the agents that lease what its session changed (outcomes.py)."""
+    async def handler(call: Call, params: Any) -> Result:
+        result = await inner(call, params)
+        events = [params.event] if hasattr(params, "event") else params.events
+        seqs = [result["seq"]] if "seq" in result else result["seqs"]
+        duplicates = set(result.get("duplicates", ())) | ({result["seq"]} if result.get("duplicate") else set())
+        stored = [(seq, event) for seq, event in zip(seqs, events, strict=True)
+                  if seq not in duplicates and outcome_state(event)]
+        if stored:
+            try:
+                await coord.outcomes.after(call.identity, params.sessionId, stored)
+            except UNAVAILABLE as exc:  # the emit is stored: its reply must not fail
+                log.warning("outcome not told to the holders", error=repr(exc))
         return result
     return handler
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 from anyio.abc import TaskStatus
 
+from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.alerts import Alerts
+from memento_sessions.coordination.intents import Intents
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Mailbox
+from memento_sessions.coordination.outcomes import Outcomes
 from memento_sessions.coordination.presence import Conn, Presence
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.kg.graph import Graphs
@@ -26,11 +31,14 @@ class Coordination:
 
     def __init__(self, manager: SessionManager, fanout: Fanout | None, graphs: Graphs | None, settings: Settings,
                  daemon_id: str) -> None:
+        self.manager, self.settings = manager, settings
         self.store = CoordStore(manager.redis, manager.store.pipe, replica_acks(settings))
         self.presence = Presence(self.store, settings, daemon_id)
         self.leases = Leases(self.store, graphs, settings)
         self.mailbox = Mailbox(self.store, settings, fanout)
         self.alerts = Alerts(self.leases, self.mailbox, manager)
+        self.outcomes = Outcomes(self.leases, self.mailbox, manager)
+        self.intents = Intents(self.leases, self.mailbox, graphs, settings.intent_max_expanded)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Load the library, then beat and reap until cancelled."""
@@ -40,12 +48,13 @@ class Coordination:
             log.warning("coordination library not loaded yet; Redis unavailable", error=repr(exc))
         try:
             async with anyio.create_task_group() as tg:
-                self.presence.spawn = lambda work: tg.start_soon(work)
+                self.presence.spawn = self.mailbox.spawn = lambda work: tg.start_soon(work)
                 tg.start_soon(self.presence.heartbeat)
                 tg.start_soon(self.leases.reaper)
                 task_status.started()
         finally:
-            self.presence.spawn = None  # connections closing after this (shutdown) start no task in a dead group
+            # connections closing after this (shutdown) start no task in a dead group
+            self.presence.spawn = self.mailbox.spawn = None
 
     async def connect(self, call: Call) -> None:
         """A new connection (the gateway runs this connect hook of the registry before it accepts the WebSocket):
@@ -76,6 +85,13 @@ class Coordination:
             await self.connect(call)
             conn = self.presence.conns.get(call.peer.conn_id)
         return conn
+
+    async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,
+                      session_id: str | None = None, reason: str | None = None) -> Result:
+        """lease.acquire: an intent (intents.py) or a lease (leases.py)."""
+        if mode == "intent":
+            return await self.intents.declare(who, entity_ids, ttl, session_id, reason)
+        return await self.leases.acquire(who, entity_ids, ttl, mode, session_id, reason)
 
     async def handoff_leases(self, namespace: str, handoff: Result) -> Result:
         """The live leases on the handoff's entities, and those held by agents outside the session (open

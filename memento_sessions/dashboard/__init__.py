@@ -18,6 +18,7 @@ from starlette.routing import BaseRoute, Route
 TYPES = {
     "index.html": "text/html; charset=utf-8",
     "app.js": "text/javascript; charset=utf-8",
+    "usage.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
 }
 # The page loads nothing but its own files and opens only WebSockets (to its own origin, by the code);

@@ -2,6 +2,8 @@
 // Every update from the socket only changes state and asks for a frame; the DOM is touched once per
 // animation frame, and both long lists are virtual (a fixed budget of rows whatever their length).
 
+import { Usage } from "./usage.js";
+
 const TOKEN_KEY = "memento.token";
 const ROW = 26;            // px per row: the virtual lists place rows by index * ROW
 const OVERSCAN = 8;        // rows drawn above and below the viewport
@@ -12,6 +14,7 @@ const MIN_POLL_GAP = 1000; // ms between two polls however many announcements ar
 const MAX_EVENTS = 100000; // timeline events kept in memory (MEMENTO_SESSION_MAX_EVENTS' default)
 const CHART_POINTS = 90;
 const $ = (sel) => document.querySelector(sel);
+const USAGE_EVENTS = new Set(["usage", "query:started", "query:completed", "query:failed"]);
 
 // ---------------------------------------------------------------- token
 
@@ -437,6 +440,7 @@ function onEvent(p) {
   if (d.items.length > MAX_EVENTS) d.items.splice(0, d.items.length - MAX_EVENTS);
   noteEntities(d, p.event);
   if (p.event.type === "conflict") markConflicted(d, p.event);
+  if (USAGE_EVENTS.has(p.event.type)) usage.soon();
   frame("detail");
 }
 
@@ -583,11 +587,18 @@ async function loadPresence(first = false) {
   }, first);
 }
 
+// A Claude Code session's own agent is `<token's agent>:<8 characters of the session id>`: its parent is the first part.
+function parentOf(agentId) {
+  const m = /^(.+):[A-Za-z0-9]{8}$/.exec(agentId);
+  return m ? m[1] : "";
+}
+
 function drawPresence() {
   const d = app.detail;
   if (!d || !d.presence) return;
   const agents = [...d.presence.values()].sort((a, b) => a.agentId.localeCompare(b.agentId));
   lines($("#presence"), agents, (a) => [span(a.agentId, "actor"), span(` ${a.status}`, `presence ${a.status}`),
+    span(parentOf(a.agentId) ? ` · session of ${parentOf(a.agentId)}` : "", "dim"),
     span(a.connections ? ` · ${a.connections} conn` : "", "dim"), span(a.lastSeen ? ` · ${ago(a.lastSeen)}` : "", "dim")],
   "nobody here", (a) => ({ agent: a.agentId, status: a.status }));
 }
@@ -800,6 +811,18 @@ function rateLine(g, pts, xs, height) {
 
 const sessionList = new VList($("#sessions"), "list", (s) => s.sessionId, fillSession);
 const timeline = new VList($("#timeline"), "detail", (it) => it.key, fillEvent);
+const usage = new Usage((method, params) => app.rpc.call(method, params), usageTargets);
+
+function usageTargets() {
+  // The open session and the newest listed ones; the agents of the listed sessions (Usage bounds both).
+  const sessions = app.detail ? [app.detail.id] : [];
+  const agents = new Set();
+  for (const id of app.order) {
+    if (!sessions.includes(id)) sessions.push(id);
+    for (const agent of list((app.sessions.get(id) || {}).agentIds)) agents.add(String(agent));
+  }
+  return { sessions, agents: [...agents] };
+}
 
 function setText(sel, text) {
   // Unchanged text is left alone: rewriting it would cost a layout in every frame.
@@ -859,6 +882,7 @@ function banner(text) {
 function showLogin(message) {
   clearTimeout(app.retryTimer);
   stopPoll();
+  usage.stop();
   if (app.rpc) app.rpc.close();
   app.rpc = null;
   app.token = null;
@@ -903,10 +927,12 @@ async function opened() {
     if (err.code !== -1) banner(`The daemon answered an error: ${err.message}`);
   }
   schedulePoll();
+  usage.start();
 }
 
 async function closed(code, wasOpen) {
   stopPoll();
+  usage.stop();
   if (code === 4001) { showLogin("Token expired: paste a fresh one."); return; }
   if (!wasOpen && await daemonUp()) {
     // The handshake failed while the daemon answers HTTP: it refused the token (HTTP 401). A browser never
@@ -943,8 +969,21 @@ function onLifecycle(method, p) {
   schedulePoll(250);
 }
 
+function onRecovery(p) {
+  // The session lost writes in a Redis failover: the daemon sends its stored history again, under a new
+  // epoch, right after this notice; what the page drew before may include events that are gone.
+  const d = app.detail;
+  if (!d || d.id !== p.sessionId) return;
+  app.detail = newDetail(d.id);
+  app.detail.note = "history lost in a Redis failover: shown again from storage";
+  timeline.items = [];
+  frame();
+  loadPanels();
+}
+
 function notified(method, params) {
   if (method === "session.event") onEvent(params);
+  else if (method === "session.recovery") onRecovery(params);
   else if (method === "session.checkpoint") onCheckpoint(params);
   else if (method === "sessions.announce") announced(params);
   else if (method === "session.presence") onPresence(params);

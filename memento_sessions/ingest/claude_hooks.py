@@ -14,10 +14,10 @@ from typing import Any
 from memento_sessions.ingest import blocks
 from memento_sessions.ingest.events import Converter, Event, Stats, cut, digest, event_id, make_event
 
-# Every hook event the converter reads a meaning from (any other named event becomes a bare metadata:update):
-# the README's settings block registers the hook for each of them.
-HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "SubagentStop",
-               "Stop", "PreCompact", "Notification", "SessionEnd")
+# Every hook event the converter reads a meaning from (any other named event becomes a bare metadata:update;
+# the hook command and POST /hooks/claude-code take no other): the README's settings blocks register each.
+HOOK_EVENTS = ("SessionStart", "UserPromptSubmit", "PreToolUse", "PostToolUse", "PostToolUseFailure", "SubagentStart",
+               "SubagentStop", "Stop", "PreCompact", "Notification", "SessionEnd")
 _META = {"SessionStart": ("source", "model"), "SessionEnd": ("reason",),
          "PreCompact": ("trigger", "custom_instructions"), "Notification": ("message", "notification_type", "title")}
 

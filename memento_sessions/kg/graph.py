@@ -36,6 +36,23 @@ CREATE_ANCHOR_INDEXES = (
     "CREATE INDEX FOR (a:SessionAnchor) ON (a.sessionId)",
 )
 LIST_GRAPHS = "GRAPH.LIST"
+# The entities within two relationships of the given ones, over every relationship between codebase entities
+# (the schema's and any other a graph carries: calls, imports), each once per path, one step then two; anchors
+# (SessionAnchor) are not codebase entities, so no path goes through one. Each half stops at `limit` rows.
+NEIGHBOURS = """
+UNWIND $ids AS id
+MATCH (n:CodebaseEntity {{id: id}})-[r]-(m:CodebaseEntity)
+RETURN id AS start, type(r) AS r1, id(startNode(r)) = id(n) AS out1, m.id AS mid, null AS r2, null AS out2,
+       null AS end
+LIMIT {limit}
+UNION ALL
+UNWIND $ids AS id
+MATCH (n:CodebaseEntity {{id: id}})-[r]-(a:CodebaseEntity)-[s]-(m:CodebaseEntity)
+WHERE id(m) <> id(n)
+RETURN id AS start, type(r) AS r1, id(startNode(r)) = id(n) AS out1, a.id AS mid, type(s) AS r2,
+       id(startNode(s)) = id(a) AS out2, m.id AS end
+LIMIT {limit}
+"""
 Row = list[Any]
 
 
@@ -133,6 +150,32 @@ class Graphs:
         if len(reply) < 3:  # a reply without columns is its statistics alone
             return []
         return [[scalar(cell) for cell in row] for row in reply[1]]
+
+
+Neighbour = tuple[str, int, str]
+ROWS_PER_ENTITY = 4  # rows (paths) read per entity `neighbours` may return, in each of its two halves
+
+
+async def neighbours(graphs: Graphs, namespace: str, entity_ids: list[str], limit: int) -> tuple[list[Neighbour], bool]:
+    """(entity, depth, path) for each entity one or two relationships from `entity_ids` (the nearest path
+    first, each entity once; the named ones left out), at most `limit` of them, and whether some may have been
+    left out; a path reads like `file:a.py -[DEFINES]-> sym:a.py:f <-[TESTS]- test:t`."""
+    cap = limit * ROWS_PER_ENTITY
+    rows = await graphs.rows(namespace, NEIGHBOURS.format(limit=cap), {"ids": entity_ids})
+    found: dict[str, tuple[str, int, str]] = {}
+    for start, r1, out1, mid, r2, out2, end in sorted(rows, key=lambda row: row[6] is not None):
+        path = f"{start} {step(r1, out1)} {mid}"
+        target, depth = (mid, 1) if end is None else (end, 2)
+        if end is not None:
+            path += f" {step(r2, out2)} {end}"
+        if target not in entity_ids and target not in found and len(found) < limit:
+            found[target] = (str(target), depth, path)
+    deep = sum(1 for row in rows if row[6] is not None)
+    return list(found.values()), len(found) >= limit or deep >= cap or len(rows) - deep >= cap
+
+
+def step(relationship: str, outgoing: bool) -> str:
+    return f"-[{relationship}]->" if outgoing else f"<-[{relationship}]-"
 
 
 def scalar(cell: list[Any]) -> Any:

@@ -92,7 +92,14 @@ _OPEN = ConfigDict(extra="allow")
 
 
 @with_config(_OPEN)
-class Created(TypedDict):
+class Noticed(TypedDict):
+    """What every tool's result may add: the caller's messages and conflict alerts not surfaced to it yet."""
+
+    notices: NotRequired[list[Json]]
+
+
+@with_config(_OPEN)
+class Created(Noticed):
     sessionId: str
     state: SessionState
     seq: int
@@ -102,7 +109,7 @@ class Created(TypedDict):
 
 
 @with_config(_OPEN)
-class Joined(TypedDict):
+class Joined(Noticed):
     sessionId: str
     agentIds: list[str]
     state: SessionState
@@ -110,7 +117,7 @@ class Joined(TypedDict):
 
 
 @with_config(_OPEN)
-class Emitted(TypedDict):
+class Emitted(Noticed):
     seq: int
     duplicate: bool
 
@@ -135,7 +142,7 @@ class SessionView(TypedDict):
 
 
 @with_config(_OPEN)
-class SessionDetail(TypedDict):
+class SessionDetail(Noticed):
     """A page of events (`events`, `nextSince` when more exist), or the condensed view (the other keys)."""
 
     session: SessionView
@@ -151,13 +158,13 @@ class SessionDetail(TypedDict):
 
 
 @with_config(_OPEN)
-class SessionList(TypedDict):
+class SessionList(Noticed):
     sessions: list[SessionView]
     nextCursor: NotRequired[str]
 
 
 @with_config(_OPEN)
-class Checkpoint(TypedDict):
+class Checkpoint(Noticed):
     checkpointId: str
     outcome: str
     brokeDuring: bool
@@ -183,7 +190,7 @@ class Transition(TypedDict):
 
 
 @with_config(_OPEN)
-class Transitions(TypedDict):
+class Transitions(Noticed):
     transitions: list[Transition]
     source: Source
 
@@ -196,18 +203,18 @@ class EntityImpact(TypedDict):
 
 
 @with_config(_OPEN)
-class Isolated(TypedDict):
+class Isolated(Noticed):
     agentId: str
     events: list[Json]
     nextSince: NotRequired[int]
     impacts: list[EntityImpact]
     totalPerfDelta: float
     source: Source
-    usage: Json  # the session's usage totals (usage.get)
+    usage: Json | None  # the agent's share of the session's usage totals; null when the session keeps none for it
 
 
 @with_config(_OPEN)
-class Handoff(TypedDict):
+class Handoff(Noticed):
     sessionId: str
     state: str
     agentIds: list[str]
@@ -218,10 +225,11 @@ class Handoff(TypedDict):
     leases: list[Json]  # live leases on the handoff's entities (coordination)
     openConflicts: list[Json]  # those held by agents outside the session
     usage: Json  # the session's usage totals (usage.get)
+    freshness: Json | None  # the agent's last recorded git state (bridge/freshness.py); null when none
 
 
 @with_config(_OPEN)
-class Outcomes(TypedDict):
+class Outcomes(Noticed):
     clusterName: str | None
     specTitles: list[str]
     recentSessions: list[Any]

@@ -59,6 +59,7 @@ from memento_sessions.sessions.condense import KEEP
 from memento_sessions.sessions.methods import ListParams
 from memento_sessions.sessions.paging import PAGE
 
+NOTICES = "mailbox.surface"  # the method a tool's notices come from (coordination's; absent in some tests)
 CALLER: ContextVar[Identity | None] = ContextVar("memento_mcp_caller", default=None)
 # The MCP request id of the tool call being run, for the log line of a failure.
 REQUEST_ID: ContextVar[str | None] = ContextVar("memento_mcp_request_id", default=None)
@@ -120,9 +121,21 @@ class Tools:
         try:
             if self.limits is not None:
                 self.limits.take((who.namespace, who.agent_id))
-            return await self.registry.call(Call(who), method, given, REQUEST_ID.get())
+            result = await self.registry.call(Call(who), method, given, REQUEST_ID.get())
         except RpcError as exc:
             raise ToolError(describe(exc)) from None
+        return await self.noticed(who, result)
+
+    async def noticed(self, who: Identity, result: Result) -> Result:
+        """The result with `notices` when the caller has messages or conflict alerts not surfaced yet: clients
+        drop MCP notifications, a tool result reaches the model. Failing to read them fails nothing."""
+        if NOTICES not in self.registry.methods:
+            return result
+        try:
+            found = (await self.registry.call(Call(who), NOTICES, {}, REQUEST_ID.get()))["notices"]
+        except RpcError:
+            return result
+        return {**result, "notices": found} if found else result
 
     async def create_session(self, entityIds: EntityIds = None, sessionId: NewSessionId = None, ttl: Ttl = None,
                              labels: Labels = None) -> Created:

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired, cast
 
 from mcp_types import ToolAnnotations
 from pydantic import ConfigDict, Field, JsonValue, StrictBool, StrictInt, with_config
-from typing_extensions import TypedDict  # pydantic needs this one below Python 3.12
 
 from memento_sessions.coordination.methods import (
     AcquireParams,
@@ -20,7 +19,7 @@ from memento_sessions.coordination.methods import (
     Recipient,
     RenewParams,
 )
-from memento_sessions.mcp.models import Bounds
+from memento_sessions.mcp.models import Bounds, Noticed
 from memento_sessions.sessions.models import ClientId, EntityId, ShortText
 
 if TYPE_CHECKING:
@@ -39,12 +38,15 @@ EntityIds = Annotated[list[EntityId], Bounds(AcquireParams, "entityIds"), Field(
     description="The codebase entities to lease, e.g. ['file:src/auth.py'] or ['sym:src/auth.py:login'].")]
 LeaseTtl = Annotated[StrictInt, Bounds(AcquireParams, "ttl"),
                      Field(description="Seconds the lease lasts unless renewed.")]
-Mode = Annotated[Literal["exclusive", "shared"], Field(
-    description="'exclusive' (granted only if nobody else holds any of them) or 'shared' (advisory: always "
-                "granted, conflicts reported).")]
+Mode = Annotated[Literal["exclusive", "shared", "intent"], Field(
+    description="'exclusive' (granted only if nobody else holds any of them), 'shared' (advisory: always "
+                "granted, conflicts reported) or 'intent' (a plan, holding nothing: always granted, with the "
+                "'overlaps' of other agents' leases and intents up to two graph relationships away, each with "
+                "its path 'via'; they are told too).")]
 LeaseSession = Annotated[ClientId | None, Field(description="The session you work in, if any.")]
 Reason = Annotated[ShortText | None, Field(description="Why you take it, shown to other agents.")]
 LeaseId = Annotated[ClientId, Field(description="The leaseId returned by acquire_lease.")]
+TaskId = Annotated[ClientId, Field(description="The task's id: the lease is on the entity 'task:<taskId>'.")]
 RenewTtl = Annotated[StrictInt, Bounds(RenewParams, "ttl"), Field(description="Seconds from now the lease lasts.")]
 LeaseEntity = Annotated[EntityId | None, Field(description="Only leases covering this entity.")]
 LeaseAgent = Annotated[ClientId | None, Field(description="Only leases held by this agent.")]
@@ -61,16 +63,17 @@ InboxSince = Annotated[StrictInt, Bounds(ReadParams, "since"), Field(
     description="Only messages with seq greater than this: 0 first, then the previous reply's nextSince.")]
 InboxLimit = Annotated[StrictInt, Bounds(ReadParams, "limit"), Field(description="At most this many messages.")]
 UnreadOnly = Annotated[StrictBool, Field(description="True to skip messages you acknowledged.")]
+SentId = Annotated[ClientId, Field(description="The messageId send_message returned.")]
 MessageIds = Annotated[list[ClientId], Field(min_length=1, max_length=1000, description="The messageIds to mark read.")]
 
 
 @with_config(_OPEN)
-class Here(TypedDict):
+class Here(Noticed):
     agents: list[Json]
 
 
 @with_config(_OPEN)
-class Lease(TypedDict):
+class Lease(Noticed):
     leaseId: str | None
     granted: bool
     conflicts: list[Json]
@@ -80,42 +83,48 @@ class Lease(TypedDict):
 
 
 @with_config(_OPEN)
-class Renewed(TypedDict):
+class Renewed(Noticed):
     leaseId: str
     expiresAt: str
 
 
 @with_config(_OPEN)
-class Released(TypedDict):
+class Released(Noticed):
     leaseId: str
     released: bool
 
 
 @with_config(_OPEN)
-class LeaseList(TypedDict):
+class LeaseList(Noticed):
     leases: list[Json]
     nextCursor: NotRequired[str]
 
 
 @with_config(_OPEN)
-class Sent(TypedDict):
+class Sent(Noticed):
     messageId: str
     recipients: list[str]
 
 
 @with_config(_OPEN)
-class Inbox(TypedDict):
+class Inbox(Noticed):
     messages: list[Json]
     nextSince: NotRequired[int]
 
 
 @with_config(_OPEN)
-class Acked(TypedDict):
+class Acked(Noticed):
     acked: int
 
 
+@with_config(_OPEN)
+class Receipt(Noticed):
+    messageId: str
+    recipients: list[Json]
+
+
 class CoordinationTools:
-    """The eight coordination tools over one `call`."""
+    """The nine coordination tools over one `call`."""
 
     def __init__(self, call: Call) -> None:
         self.call = call
@@ -137,6 +146,17 @@ class CoordinationTools:
         Shared is advisory. Keep the fencingToken and put it on the events you emit for those entities:
         an event with an older token than a newer grant is refused (stale_lease). Renew before expiresAt."""
         params = {"entityIds": entityIds, "ttl": ttl, "mode": mode, "sessionId": sessionId, "reason": reason}
+        return cast(Lease, await self.call("lease.acquire", params))
+
+    async def claim_task(self, taskId: TaskId, ttl: LeaseTtl, sessionId: LeaseSession = None,
+                         reason: Reason = None) -> Lease:
+        """Claim a task before you start it, so no other agent takes it too: an exclusive lease on
+        'task:<taskId>'. Exactly one of any agents racing for it gets granted true; the others get granted false
+        and conflicts naming the holder: pick another task. Keep the fencingToken: the task's completion event
+        (type 'task_done', changeInfo.entityIds ['task:<taskId>']) must carry it as fencingToken, or it is
+        refused (stale_lease). Renew before expiresAt while you work; release it if you give the task up."""
+        params = {"entityIds": [f"task:{taskId}"], "ttl": ttl, "mode": "exclusive", "sessionId": sessionId,
+                  "reason": reason}
         return cast(Lease, await self.call("lease.acquire", params))
 
     async def renew_lease(self, leaseId: LeaseId, ttl: RenewTtl) -> Renewed:
@@ -180,11 +200,19 @@ class CoordinationTools:
         you do not have is ignored. Unacked messages stay until their TTL, so ack what you acted on."""
         return cast(Acked, await self.call("mailbox.ack", {"messageIds": messageIds}))
 
+    async def message_status(self, messageId: SentId) -> Receipt:
+        """See how far a message you sent has got, per recipient: when it was stored in their mailbox, pushed
+        to a live connection of theirs, surfaced in their context (a hook or a tool's notices) and acked. A
+        stage not reached yet is null. Fails with not found (-32004) for a message you did not send or that
+        expired."""
+        return cast(Receipt, await self.call("mailbox.status", {"messageId": messageId}))
+
     def registrations(self) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
         """Every coordination tool with its annotations."""
-        return [(self.who_is_here, READ), (self.acquire_lease, WRITE), (self.renew_lease, IDEMPOTENT),
+        return [(self.who_is_here, READ), (self.acquire_lease, WRITE), (self.claim_task, WRITE),
+                (self.renew_lease, IDEMPOTENT),
                 (self.release_lease, IDEMPOTENT), (self.list_leases, READ), (self.send_message, WRITE),
-                (self.read_inbox, READ), (self.ack_messages, IDEMPOTENT)]
+                (self.read_inbox, READ), (self.ack_messages, IDEMPOTENT), (self.message_status, READ)]
 
 
 def registrations(tools: Tools) -> list[tuple[Callable[..., Any], ToolAnnotations]]:
@@ -192,5 +220,5 @@ def registrations(tools: Tools) -> list[tuple[Callable[..., Any], ToolAnnotation
     return CoordinationTools(tools.call).registrations()
 
 
-NAMES = frozenset({"who_is_here", "acquire_lease", "renew_lease", "release_lease", "list_leases", "send_message",
-                   "read_inbox", "ack_messages"})
+NAMES = frozenset({"who_is_here", "acquire_lease", "claim_task", "renew_lease", "release_lease", "list_leases",
+                   "send_message", "read_inbox", "ack_messages", "message_status"})

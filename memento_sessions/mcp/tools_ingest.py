@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NotRequired, cast
 
 from mcp_types import ToolAnnotations
 from pydantic import ConfigDict, Field, StrictInt, with_config
-from typing_extensions import TypedDict
 
-from memento_sessions.mcp.models import Bounds, SessionId
+from memento_sessions.mcp.models import Bounds, Noticed, SessionId
 from memento_sessions.sessions.conversation import CONVERSATION_PAGE, ConversationParams
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ BlockLimit = Annotated[StrictInt | None, Bounds(ConversationParams, "limit"), Fi
 
 
 @with_config(ConfigDict(extra="allow"))
-class Conversation(TypedDict):
+class Conversation(Noticed):
     """One page of a thread's blocks and the bounded rest of the conversation state."""
 
     sessionId: str

@@ -13,6 +13,7 @@ from mcp_types import ToolAnnotations
 from pydantic import ConfigDict, Field, with_config
 from typing_extensions import TypedDict
 
+from memento_sessions.mcp.models import Noticed
 from memento_sessions.sessions.models import ClientId, Seq
 
 READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
@@ -41,7 +42,7 @@ class View(TypedDict):
 
 
 @with_config(Open)
-class AtView(TypedDict):
+class AtView(Noticed):
     session: View
     atSeq: int
     events: int
@@ -53,7 +54,7 @@ class AtView(TypedDict):
 
 
 @with_config(Open)
-class Diff(TypedDict):
+class Diff(Noticed):
     fromSeq: int
     toSeq: int
     stateFrom: str
@@ -68,14 +69,14 @@ class Diff(TypedDict):
 
 
 @with_config(Open)
-class Snapshotted(TypedDict):
+class Snapshotted(Noticed):
     snapshotId: str
     seq: int
     createdAt: str
 
 
 @with_config(Open)
-class Compacted(TypedDict):
+class Compacted(Noticed):
     snapshotId: str | None
     seq: int
     compactedSeq: int
@@ -84,7 +85,7 @@ class Compacted(TypedDict):
 
 
 @with_config(Open)
-class Forked(TypedDict):
+class Forked(Noticed):
     sessionId: str
     parentSessionId: str
     forkedAtSeq: int
@@ -96,7 +97,7 @@ class Forked(TypedDict):
 
 
 @with_config(Open)
-class Moved(TypedDict):
+class Moved(Noticed):
     sessionId: str
     status: Literal["active", "suspended", "archived"]
     seq: int

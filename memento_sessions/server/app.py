@@ -1,4 +1,4 @@
-"""The one HTTP port: /ws, /mcp, /v1/logs and /v1/metrics (OTLP), /metrics, /healthz and /readyz."""
+"""The one HTTP port: /ws, /mcp, /hooks/<agent>, /v1/logs and /v1/metrics (OTLP), /metrics, /healthz and /readyz."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.dashboard import routes as dashboard_routes
 from memento_sessions.server.health import Health, log_ready
+from memento_sessions.server.hooks import hook_routes
 from memento_sessions.usage.receiver import OtlpReceiver
 from memento_sessions.ws.gateway import Gateway
 
@@ -53,6 +54,7 @@ def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None,
         Route("/readyz", readyz),
         Route("/metrics", metrics),
         WebSocketRoute("/ws", gateway),
+        *hook_routes(gateway.registry, gateway.secret, gateway.rate_limit),
         *dashboard_routes(),
     ]
     if mcp is not None:

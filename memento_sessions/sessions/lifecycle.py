@@ -35,6 +35,7 @@ from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.manager import SessionManager, now_ms
 from memento_sessions.sessions.streams import Stager, head, per_read, redis_events, redis_ids
 from memento_sessions.sessions.suspended import LIVE_STATUSES, Suspended, SuspendedStore
+from memento_sessions.usage.query import session_totals
 
 Head = tuple[dict[str, str], list[str], list[int]]  # a session's hash, agents and snapshot seqs
 
@@ -101,7 +102,9 @@ class Lifecycle:
                 await writer.ids(pairs)
             if await self.fingerprint(skeys) != fingerprint(fields, snaps):
                 raise Moved  # another daemon moved it (or a write landed) mid-copy: this copy is rolled back
-            await writer.finish(folder.result())
+            # The usage totals go with the row: their keys in Redis expire on their own TTL (docs/usage.md).
+            usage = (await session_totals(self.redis, namespace, session_id))["totals"]
+            await writer.finish({**folder.result(), "usage": usage})
         return row
 
     async def fingerprint(self, skeys: keys.SessionKeys) -> list[str]:

@@ -35,6 +35,7 @@ from memento_sessions.sessions.models import ClientId, Seq
 from memento_sessions.sessions.paging import PAGE, page_bytes
 from memento_sessions.sessions.stored import stored_at, stored_condensed, stored_get, stored_session
 from memento_sessions.sessions.suspended import Suspended, SuspendedStore
+from memento_sessions.usage.query import session_totals
 
 Status = Literal["active", "suspended", "completed", "archived"]
 LIVE_CURSOR = re.compile(r"[0-9]{1,16}:[A-Za-z0-9._:-]{1,128}")  # session.list's own cursor (methods.ListCursor)
@@ -300,7 +301,10 @@ class LifecycleService:
         if p.atSeq is not None:
             return await stored_at(self.suspended, row, retention, p.atSeq)
         if p.condensed:
-            return await stored_condensed(self.suspended, row, retention)
+            result = await stored_condensed(self.suspended, row, retention)
+            if "usage" not in result:  # a row stored without its usage: Redis's, while its keys live
+                result["usage"] = (await session_totals(self.manager.redis, row.namespace, row.session_id))["totals"]
+            return result
         return await stored_get(self.suspended, row, retention, p.since, p.limit or PAGE,
                                 page_bytes(self.settings.ws_send_buffer))
 

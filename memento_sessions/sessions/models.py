@@ -60,7 +60,7 @@ KNOWN_TYPES = frozenset({"start", "modified", "broke", "test_pass", "checkpoint"
 # `conflict:<sessionId>:<seq>:<leaseId>` in a mailbox, `conflict-<seq>` in a session). A client's event or message
 # may use neither, so no agent can pre-empt (and so suppress) an alert or forge a record the dashboard draws.
 SYSTEM_TYPES = frozenset({"conflict"})
-SYSTEM_ID_PREFIXES = ("conflict:", "conflict-")
+SYSTEM_ID_PREFIXES = ("conflict:", "conflict-", "outcome:")
 SYSTEM = {"system": True}  # the validation context of an event the daemon makes itself
 
 

@@ -8,32 +8,57 @@ LIBRARY = """\
 -- mu_fold folds usage into one session's runs and totals, atomically (store.py calls it).
 -- keys: 1 session hash (must exist), 2 totals hash, 3 runs hash (run id -> row JSON), 4 order zset (run id by
 --       start ms), 5 starts zset (run id by the seq of the event that started it), 6 series hash (cumulative
---       metric points last seen)
--- args: 1 source, 2 runs kept, 3 ttl ms, 4 series kept, 5 ops JSON
+--       metric points last seen), 7 agents hash (each agent's share: `<agent> <source>:<field>`, `<agent> seen`,
+--       `#agents`), 8 seen zset (request ids folded lately, by ms)
+-- args: 1 source, 2 runs kept, 3 ttl ms, 4 series kept, 5 ops JSON, 6 the agent folding, 7 agents kept (past
+--       them, a new agent's share is not kept; its usage still counts in the session's totals), 8 request id
+--       ('' for none), 9 now ms, 10 window ms, 11 request ids kept
+-- A request id seen within the window folds nothing (an exporter's retry of a request already folded): the
+--   check and the fold are one atomic call, so a retry after any failure folds exactly what was not folded.
 -- An op is {op="start"|"add"|"end"|"cum", seq?, run?, at, model?, in?, out?, cr?, cc?, tools?, calls?, cost?,
 --   dur?, set?, series?, value?, field?}: "start" opens a run at a seq, "add" adds to the run (named, or the
 --   latest started at or before its seq), "end" closes it (setting cost, duration or tokens the source gives
 --   for the whole run), "cum" turns a cumulative metric point into what changed since the last one.
--- Returns JSON {applied: {model: {field: delta}}, new: [[run id, start ms]]}, or false without the session.
+-- Returns JSON {applied: {model: {field: delta}}, new: [[run id, start ms]]} ({duplicate: true} for a request
+-- seen), or false without the session.
 local function fold(keys, args)
   local session, totals, runs, order, starts, series = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
   local source, keep, ttl, series_keep = args[1], tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
   if redis.call('EXISTS', session) == 0 then return false end
+  local seen, request = keys[8], args[8]
+  if seen and request and request ~= '' then
+    local now, window = tonumber(args[9]), tonumber(args[10])
+    redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - window)
+    if redis.call('ZSCORE', seen, request) then return cjson.encode({duplicate = true}) end
+    redis.call('ZADD', seen, now, request)
+    local extra = redis.call('ZCARD', seen) - tonumber(args[11])
+    if extra > 0 then redis.call('ZREMRANGEBYRANK', seen, 0, extra - 1) end
+    redis.call('PEXPIRE', seen, window)
+  end
   local ops = cjson.decode(args[5])
   local TOKENS = {'inputTokens', 'outputTokens', 'cacheReadTokens', 'cacheCreationTokens'}
   local SHORT = {inputTokens = 'in', outputTokens = 'out', cacheReadTokens = 'cr', cacheCreationTokens = 'cc'}
   local rows, dirty, applied, fresh = {}, {}, {}, {}
+  local agents, agent = keys[7], args[6]
+  if not agents or not agent or agent == '' then
+    agent = nil
+  elseif redis.call('HEXISTS', agents, agent .. ' seen') == 0 then
+    if tonumber(redis.call('HGET', agents, '#agents') or '0') >= tonumber(args[7]) then
+      agent = nil
+    else
+      redis.call('HSET', agents, agent .. ' seen', 1)
+      redis.call('HINCRBY', agents, '#agents', 1)
+    end
+  end
 
   local function bump(model, field, delta)
     if delta == 0 and field ~= 'costUsd' then return end  -- a cost of 0 is known, not unknown
     local key = model or ''
     applied[key] = applied[key] or {}
     applied[key][field] = (applied[key][field] or 0) + delta
-    if field == 'costUsd' then
-      redis.call('HINCRBYFLOAT', totals, source .. ':' .. field, delta)
-    else
-      redis.call('HINCRBY', totals, source .. ':' .. field, delta)
-    end
+    local incr = field == 'costUsd' and 'HINCRBYFLOAT' or 'HINCRBY'
+    redis.call(incr, totals, source .. ':' .. field, delta)
+    if agent then redis.call(incr, agents, agent .. ' ' .. source .. ':' .. field, delta) end
   end
 
   local function load(id)
@@ -154,7 +179,7 @@ local function fold(keys, args)
     redis.call('ZREM', order, unpack(old))
     redis.call('ZREM', starts, unpack(old))
   end
-  for i = 2, 6 do
+  for i = 2, math.min(#keys, 7) do
     if redis.call('EXISTS', keys[i]) == 1 then redis.call('PEXPIRE', keys[i], ttl) end
   end
   return cjson.encode({applied = applied, new = fresh})

@@ -13,7 +13,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from memento_sessions import keys
-from memento_sessions.usage.store import totals_of
+from memento_sessions.usage.store import COUNTS, SOURCES, totals_of
 
 ROW_FIELDS = ("runId", "source", "model", "durationMs", "inputTokens", "outputTokens", "cacheReadTokens",
               "cacheCreationTokens", "toolCalls", "apiCalls")
@@ -40,6 +40,19 @@ def row_of(raw: str | bytes, session_id: str | None) -> dict[str, Any]:
 async def session_totals(redis: aioredis.Redis, ns: str, session_id: str) -> dict[str, Any]:
     """A session's `{totals, bySource}`."""
     return totals_of(await redis.hgetall(keys.usage_keys(ns, session_id).totals))
+
+
+async def agent_share(redis: aioredis.Redis, ns: str, session_id: str, agent_id: str,
+                      kept: int) -> dict[str, Any] | None:
+    """An agent's share of a session's totals (what its own emits and telemetry added), or None when the
+    session keeps no share for it: `kept` (MEMENTO_USAGE_AGENTS_PER_SESSION) other agents came first."""
+    names = [f"{source}:{name}" for source in SOURCES for name in (*COUNTS, "costUsd")]
+    values = await redis.hmget(keys.usage_keys(ns, session_id).agents,
+                               [f"{agent_id} {name}" for name in names] + [f"{agent_id} seen", "#agents"])
+    *counts, seen, count = values
+    if seen is None and int(count or 0) >= kept:
+        return None
+    return totals_of({name: value for name, value in zip(names, counts, strict=True) if value is not None})
 
 
 async def namespace_totals(redis: aioredis.Redis, ns: str) -> dict[str, Any]:

@@ -4,11 +4,13 @@ As for /ws, the bearer token names the agent and the namespace (scope sessions:w
 whole (at most MEMENTO_OTLP_MAX_BODY bytes, gzip included once inflated) and decoded whole before anything
 is written: a malformed body is a 400 that writes nothing. Each agent has MEMENTO_OTLP_RATE_LIMIT requests
 a second (429 with Retry-After past it). A Redis failure is a 503, which OTLP exporters retry; a refusal
-of the Function a 500, which they do not.
+of the Function a 500, which they do not. A request is known by a hash of its agent, signal and (inflated)
+body: a session that folded it within MEMENTO_OTLP_DEDUPE_WINDOW seconds does not fold it again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import zlib
 from collections.abc import Callable
 
@@ -17,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from memento_sessions.auth import Identity, bearer, verify_token
+from memento_sessions.auth import Identity, bearer, session_agent, verify_token
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import AuthError, Forbidden, RateLimited
 from memento_sessions.logs import get_logger
@@ -72,7 +74,8 @@ class OtlpReceiver:
             batch = decoder(body, as_json, self.settings.otlp_max_records)
         except BadBody as exc:
             raise Refused(400, "bad_request", str(exc)) from None
-        await self.write(who, source, batch)
+        request_id = hashlib.sha256(f"{signal} {who.agent_id} ".encode() + body).hexdigest()[:32]
+        await self.write(who, source, batch, request_id)
         OTLP_REQUESTS.labels(signal, "ok").inc()
         OTLP_RECORDS.labels(signal, "taken").inc(batch.records - sum(batch.ignored.values()))
         for reason, n in batch.ignored.items():
@@ -110,14 +113,19 @@ class OtlpReceiver:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    async def write(self, who: Identity, source: str, batch: Batch) -> None:
-        """Each session's ops in one Function call; ops naming no session count for the agent alone."""
+    async def write(self, who: Identity, source: str, batch: Batch, request_id: str) -> None:
+        """Each session's ops in one Function call; ops naming no session count for the agent alone. A session
+        that folded `request_id` lately (the exporter retries a request whose reply it lost, or a 503 after some
+        sessions were written) takes nothing again."""
         try:
             for session_id, ops in batch.ops.items():
                 if session_id is None:
                     await self.store.unattached(who.namespace, who.agent_id, source, ops)
-                elif not await self.store.fold(who.namespace, session_id, who.agent_id, source, ops):
-                    batch.ignored["unknown_session"] += len(ops)
+                else:  # a Claude Code session is its own agent of the token, as its hook's events are
+                    agent = session_agent(who, session_id).agent_id
+                    folded = await self.store.fold(who.namespace, session_id, agent, source, ops, request_id)
+                    if folded != "folded":
+                        batch.ignored["unknown_session" if folded == "missing" else "duplicate"] += len(ops)
         except UNAVAILABLE as exc:
             log.warning("OTLP usage not stored; the exporter retries", error=repr(exc))
             raise Refused(503, "unavailable", "backend unavailable: Redis", {"Retry-After": "1"}) from None

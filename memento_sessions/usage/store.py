@@ -8,8 +8,9 @@ otel, otel-metrics) because two sources may count the same calls: `totals_of` an
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -25,6 +26,7 @@ log = get_logger(__name__)
 SOURCES = ("otel", "otel-metrics", "events")  # most trusted first: the agent's own account of its calls
 COUNTS = ("inputTokens", "outputTokens", "cacheReadTokens", "cacheCreationTokens", "toolCalls", "apiCalls",
           "durationMs", "runs", "costedRuns")
+Folded = Literal["folded", "missing", "duplicate"]
 SERIES_KEPT = 64  # cumulative metric series remembered per session (models x token types)
 
 
@@ -89,18 +91,24 @@ class UsageStore:
         await self.redis.function_load(LIBRARY, replace=True)
         self.loaded = True
 
-    async def fold(self, ns: str, session_id: str, agent_id: str, source: str, ops: Sequence[Op]) -> bool:
-        """Fold ops into a session's usage and its agent's and namespace's totals; False when the session does
-        not exist (its ops then count for the agent and namespace alone)."""
+    async def fold(self, ns: str, session_id: str, agent_id: str, source: str, ops: Sequence[Op],
+                   request: str = "") -> Folded:
+        """Fold ops into a session's usage and its agent's and namespace's totals: "missing" when the session
+        does not exist (its ops then count for the agent and namespace alone), "duplicate" when `request` (an
+        OTLP request's id) was folded into it within MEMENTO_OTLP_DEDUPE_WINDOW seconds (nothing is added)."""
         if not ops:
-            return True
+            return "folded"
         skeys, ukeys = keys.session_keys(ns, session_id), keys.usage_keys(ns, session_id)
+        window = self.settings.otlp_dedupe_window * 1000 if request else 0
         args = [source, self.settings.usage_runs_per_session, self.settings.usage_ttl * 1000, SERIES_KEPT,
-                json.dumps(list(ops), separators=(",", ":"))]
+                json.dumps(list(ops), separators=(",", ":")), agent_id, self.settings.usage_agents_per_session,
+                request if window else "", int(time.time() * 1000), window, self.settings.otlp_dedupe_requests]
         raw = await self._fcall([skeys.session, *ukeys.all()], args)
         applied = json.loads(raw) if raw else {"applied": naive(ops), "new": []}
+        if applied.get("duplicate"):
+            return "duplicate"
         await self._spread(ns, session_id, agent_id, source, applied)
-        return bool(raw)
+        return "folded" if raw else "missing"
 
     async def unattached(self, ns: str, agent_id: str, source: str, ops: Sequence[Op]) -> None:
         """Ops that name no session: they count for the agent and the namespace alone."""

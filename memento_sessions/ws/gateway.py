@@ -17,7 +17,7 @@ import anyio
 import structlog
 from starlette.types import Receive, Scope, Send
 
-from memento_sessions.auth import AuthError, bearer, verify_token
+from memento_sessions.auth import SESSION_ID, AuthError, Identity, bearer, session_agent, verify_token
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
 from memento_sessions.ratelimit import TokenBucket
@@ -52,7 +52,7 @@ class Gateway:
             await deny(send, 503, f"too many connections (MEMENTO_MAX_CONNECTIONS={self.max_connections})")
             return
         try:
-            identity = verify_token(self.secret, handshake_token(scope))
+            identity = for_session(verify_token(self.secret, handshake_token(scope)), scope)
         except AuthError as exc:
             await deny(send, 401, str(exc))
             return
@@ -183,6 +183,14 @@ def handshake_token(scope: Scope) -> str | None:
     query: dict[str, list[str]] = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     values = query.get("token")
     return values[0] if values else None
+
+
+def for_session(identity: Identity, scope: Scope) -> Identity:
+    """With `?session=<Claude Code session id>`, that session's own agent of the token (session_agent: a token
+    acts only as itself or its own sub-agents); else the token's agent."""
+    query: dict[str, list[str]] = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    values = query.get("session")
+    return session_agent(identity, values[0]) if values and SESSION_ID.match(values[0]) else identity
 
 
 async def deny(send: Send, status: int, reason: str) -> None:

@@ -100,7 +100,7 @@ async def _bare_acquires(env: Env, run: str, files: list[tuple[str, list[str]]])
         tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
         pairs = [item for symbol in symbols for item in (symbol, file)]
         calls.append([f"floor-{run}", f"floor-{run}-{i}", "exclusive", 60_000, 10_000_000, tail, version, 100, 256,
-                      file, "", *pairs])
+                      2 + len(pairs), file, "", *pairs])  # then no containers to check (a file has none)
     pipe = Pipe(env.redis_url, 0)
     try:
         samples = await timed(len(calls), lambda i: pipe.call("FCALL", "mc_acquire", len(lkeys), *lkeys, now_ms(),

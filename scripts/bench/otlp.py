@@ -25,8 +25,9 @@ SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "claude_co
 RECORDS, SESSIONS, IN_FLIGHT = 512, 8, 4
 
 
-def export(session_id: str) -> bytes:
-    """One request: the sample's first api_request record RECORDS times, in `session_id`, over 4 prompts."""
+def export(session_id: str, copy: int = 0) -> bytes:
+    """One request: the sample's first api_request record RECORDS times, in `session_id`, over 4 prompts; each
+    `copy` a request of its own (its first record a nanosecond later), not a retry the receiver would skip."""
     doc = json.loads(SAMPLE.read_text())
     scope = doc["resourceLogs"][0]["scopeLogs"][0]
     template = next(r for r in scope["logRecords"] if r["body"]["stringValue"] == "claude_code.api_request")
@@ -37,6 +38,7 @@ def export(session_id: str) -> bytes:
             if kv["key"] in ("session.id", "prompt.id"):
                 kv["value"]["stringValue"] = session_id if kv["key"] == "session.id" else f"{session_id}-p{n % 4}"
         records.append(record)
+    records[0]["timeUnixNano"] = str(int(records[0].get("timeUnixNano") or 0) + copy)
     scope["logRecords"] = records
     return bytes(json_format.Parse(json.dumps(doc), ExportLogsServiceRequest()).SerializeToString())
 
@@ -45,11 +47,11 @@ async def otlp_logs(env: Env) -> Figure:
     """Log records per second the receiver takes, beside bare FCALL mu_fold of the same ops."""
     manager = env.manager()
     sids = [await new_session(env, manager) for _ in range(SESSIONS)]
-    bodies = [export(sid) for sid in sids] * (2 if env.quick else 8)
+    bodies = [export(sid, copy) for copy in range(2 if env.quick else 8) for sid in sids]
     headers = {"content-type": "application/x-protobuf", "authorization": f"Bearer {env.token('claude')}"}
     url = f"http://127.0.0.1:{env.port}/v1/logs"
     async with httpx2.AsyncClient() as http:
-        await post(http, url, bodies[0], headers)  # the library loads on first use
+        await post(http, url, export(sids[0], -1), headers)  # the library loads on first use
         sends = anyio.Semaphore(IN_FLIGHT)
 
         async def send(body: bytes) -> None:

@@ -1,0 +1,127 @@
+"""`POST /hooks/claude-code` (Claude Code's http hooks) and `POST /hooks/gemini-cli` (a Gemini CLI hook input,
+converted by ingest/gemini_hooks.py), answered by the daemon itself.
+
+The body is the hook input a command hook would read on stdin; the bearer token is the agent's (Claude Code
+fills the Authorization header from an environment variable the hook lists in `allowedEnvVars`). The
+input's events go into its session as the session's own agent (auth.session_agent) and the reply is
+the hook JSON output of `hook.answer`, the same answer `memento-sessions hook` prints. Anything the daemon
+cannot answer (a malformed input, a backend away) is answered `{}`: the tool call goes on. A missing or
+bad token is 401, which Claude Code treats as a non-blocking error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import pydantic_core
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from memento_sessions.auth import AuthError, Identity, bearer, session_agent, verify_token
+from memento_sessions.coordination.answers import parse
+from memento_sessions.errors import Conflict, NotFound, RateLimited, RpcError
+from memento_sessions.ingest.claude_hooks import convert_hook
+from memento_sessions.ingest.gemini_hooks import gemini_output, to_claude
+from memento_sessions.logs import get_logger
+from memento_sessions.ratelimit import Buckets
+from memento_sessions.rpc import Call, Registry
+from memento_sessions.sessions.manager import iso, now_ms
+
+log = get_logger(__name__)
+MAX_BODY = 4 * 1024 * 1024  # bytes of a hook input (as the command hook's MAX_INPUT)
+BATCH = 200  # events per event.emitBatch
+POLICY = "x-memento-hook-leases"  # optional header: the lease policy for this project (off, warn, enforce)
+
+
+async def body_of(request: Request) -> Any:
+    """The JSON body, or None when it is not JSON or longer than MAX_BODY (read no further)."""
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                return None
+            chunks.append(chunk)
+    except ClientDisconnect:
+        return None
+    try:
+        return pydantic_core.from_json(b"".join(chunks))
+    except ValueError:
+        return None
+
+
+Family = tuple[Callable[[Any], Any], Callable[[dict[str, Any]], dict[str, Any]]]  # its input in, its output out
+FAMILIES: dict[str, Family] = {"claude-code": (lambda record: record, lambda answer: answer),
+                               "gemini-cli": (to_claude, gemini_output)}
+
+
+def hook_routes(registry: Registry, secret: str, rate_limit: float = 0.0) -> list[Route]:
+    """`POST /hooks/<agent>` for every agent family, one rate limit for them all."""
+    limits = Buckets(rate_limit) if rate_limit > 0 else None
+    return [Route(f"/hooks/{name}", hook_endpoint(registry, secret, limits, family), methods=["POST"])
+            for name, family in FAMILIES.items()]
+
+
+def hook_endpoint(registry: Registry, secret: str, limits: Buckets | None, family: Family) -> Any:
+    """The route's endpoint over the daemon's registry and token secret; with `limits` (MEMENTO_WS_RATE_LIMIT,
+    as a /ws connection), each agent may post that many hook inputs a second (429 past it: an allow)."""
+    convert, answer = family
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            identity = verify_token(secret, bearer(request.headers.get("authorization")))
+            if limits is not None:
+                limits.take((identity.namespace, identity.agent_id))
+        except AuthError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=401)
+        except RateLimited as exc:
+            return JSONResponse({"error": exc.message, **exc.data}, status_code=429)
+        record = convert(await body_of(request))
+        if parse(record, None) is None:  # malformed or unknown: counted there, allowed, nothing written
+            return JSONResponse({})
+        params: dict[str, Any] = {"input": record}
+        if request.headers.get(POLICY) in ("off", "warn", "enforce"):
+            params["leases"] = request.headers[POLICY]
+        if isinstance(record, dict) and isinstance(record.get("session_id"), str):
+            await record_events(registry, identity, record)
+        try:
+            result = await registry.call(Call(identity), "hook.answer", params)
+        except RpcError as exc:  # a backend away, a token without the scope: the tool call goes on
+            log.info("hook not answered", error=exc.message, agent_id=identity.agent_id)
+            return JSONResponse({})
+        return JSONResponse(answer(result["output"]))
+
+    return endpoint
+
+
+async def record_events(registry: Registry, identity: Identity, record: dict[str, Any]) -> None:
+    """The input's events in its session, as the session's agent (resumed, else created, when not live); a
+    refusal is logged, never the hook's answer."""
+    events, _ = convert_hook(record, at=iso(now_ms()))
+    sid = record["session_id"]
+    call = Call(session_agent(identity, sid))
+    try:
+        for start in range(0, len(events), BATCH):
+            await emit(registry, call, {"sessionId": sid, "events": events[start:start + BATCH]})
+    except RpcError as exc:
+        log.info("hook events not recorded", error=exc.message, session_id=sid if len(sid) <= 128 else None)
+
+
+async def emit(registry: Registry, call: Call, batch: dict[str, Any]) -> None:
+    try:
+        await registry.call(call, "event.emitBatch", batch)
+        return
+    except NotFound:
+        pass
+    try:
+        await registry.call(call, "session.resume", {"sessionId": batch["sessionId"]})
+    except NotFound:
+        with contextlib.suppress(Conflict):  # created meanwhile by another hook
+            await registry.call(call, "session.create", {"sessionId": batch["sessionId"]})
+    except Conflict as exc:
+        if not isinstance(exc.data, dict) or exc.data.get("reason") != "active":
+            raise
+    await registry.call(call, "event.emitBatch", batch)
