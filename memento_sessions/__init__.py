@@ -4,7 +4,7 @@ The package is laid out by stage; a package imports only from the ones before it
 (tests/test_layout.py checks it; docs/layout.md says why):
 
     the shared ground (this root: settings, errors, auth, keys, metrics, logs, rpc, backends,
-    ratelimit, endpoints)
+    ratelimit, pacing, endpoints)
     <- ingest/ (pure: imports nothing of the package)
     <- redisio/ (with the leaves embedded/, client/, dashboard/)
     <- sessions/ <- kg/ <- checkpoints/ <- bridge/ <- ws/ and mcp/ <- server/ <- cli.py and the cli_*.py commands

@@ -61,6 +61,9 @@ MCP_SESSION_LIMIT = Counter("memento_mcp_session_limit_total",
 LEASE_ACQUIRES = Counter("memento_lease_acquires_total", "lease.acquire calls (granted, refused for a conflict, or "
                          "lease_limit at MEMENTO_LEASE_MAX, lease_too_large past MEMENTO_LEASE_MAX_COVERED, "
                          "entity_holds past MEMENTO_LEASE_MAX_HOLDS)", ["result"])
+PACED_SECONDS = Counter("memento_paced_seconds_total", "Seconds heavy work waited for its namespace's budget "
+                        "(lease: MEMENTO_LEASE_PACE covered entities a second; batch, checkpoint: "
+                        "MEMENTO_BATCH_IDS_PACE entity ids; copy: MEMENTO_STAGE_PACE_BYTES)", ["work"])
 LEASE_ENDS = Counter("memento_lease_ends_total", "Leases ended (released, expired, orphaned)", ["reason"])
 LEASE_CONFLICT_ALERTS = Counter("memento_lease_conflict_alerts_total",
                                 "lease.conflict alerts sent to holders (each stored once in its mailbox)")
@@ -107,6 +110,7 @@ KNOWN_LABELS: dict[Counter, tuple[str | tuple[str, ...], ...]] = {
     MCP_SESSION_LIMIT: ("closed", "refused"),
     LEASE_ACQUIRES: ("granted", "refused", "lease_limit", "lease_too_large", "entity_holds"),
     LEASE_ENDS: ("released", "expired", "orphaned"),
+    PACED_SECONDS: ("lease", "batch", "checkpoint", "copy"),
     MAILBOX_MESSAGES: ("stored", "duplicate"),
     HOOK_ANSWERS: ("answered", "malformed", "unknown_event"),
     MAILBOX_REFUSED: ("mailbox_limit", "unknown_agent", "id_taken"),

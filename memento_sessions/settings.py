@@ -34,6 +34,7 @@ class Settings(BaseSettings):
     anchor_cap: int = Field(default=5, ge=1, le=1000)
     anchor_chunk: int = Field(default=256, ge=1, le=100_000)  # entities anchored per graph query
     checkpoint_max_entities: int = Field(default=2048, ge=1, le=1_000_000)  # past it: counted, not anchored
+    batch_ids_pace: int = Field(default=50_000, ge=0, le=100_000_000)  # entity ids/s a namespace's batches name
     anchor_max_age_days: Days = 7
     snapshot_max_age_days: Days = 30
     log_format: Literal["console", "json"] | None = None
@@ -79,6 +80,7 @@ class Settings(BaseSettings):
     lease_orphan_grace: float = Field(default=60.0, ge=1.0, le=3600.0)
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
     lease_max_covered: int = Field(default=4096, ge=1, le=100_000)
+    lease_pace: int = Field(default=4096, ge=0, le=100_000_000)  # covered entities/s a namespace's lease writes touch
     lease_max_holds: int = Field(default=100, ge=1, le=100_000)
     lease_reply_max: int = Field(default=256, ge=1, le=100_000)
     lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)
@@ -98,6 +100,8 @@ class Settings(BaseSettings):
     on_idle: Literal["expire", "suspend"] = "expire"
     archive_after_days: Days = 30
     suspend_chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=256 * 1024 * 1024)
+    stage_chunk_bytes: int = Field(default=256 * 1024, ge=16 * 1024, le=64 * 1024 * 1024)  # per Redis call of a copy
+    stage_pace_bytes: int = Field(default=16 * 1024 * 1024, ge=0, le=1 << 40)  # bytes/s a namespace's copies write
     heavy_max: int = Field(default=4, ge=1, le=1000)
     fork_max_depth: int = Field(default=32, ge=1, le=10_000)
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
-from memento_sessions.checkpoints.aggregate import Summary, aggregate
+from memento_sessions.checkpoints.aggregate import Summary, Tally, aggregate, smallest
 
 
 def event(seq: int, type_: str = "modified", actor: str = "agent-a", entities: list[str] | None = None,
@@ -79,3 +80,50 @@ def test_wire_shape_is_camel_case_lists() -> None:
         "outcome": "broken", "brokeDuring": False, "keyImpacts": ["x:critical"], "perfDelta": 2.0,
         "actors": ["agent-a"], "entityIds": ["x"], "fromSeq": 3, "toSeq": 3,
     }
+
+
+def sorted_summary(events: list[dict[str, Any]], state: str, cap: int) -> Summary:
+    """The summary as it was computed before ids were selected: every distinct id sorted, then cut at `cap`."""
+    entities = sorted({str(e) for event in events for e in (event.get("changeInfo") or {}).get("entityIds") or []})
+    impacts = tuple(dict.fromkeys(f"{target}:{event['impact']['severity']}" for event in events
+                                  if (event.get("impact") or {}).get("severity") in ("high", "critical")
+                                  for target in ((event.get("changeInfo") or {}).get("entityIds")
+                                                 or [event["type"]])))
+    perf = float(sum(float(event.get("impact", {}).get("perfDelta", 0)) for event in events))
+    return Summary(outcome=state, broke_during=any(event["type"] == "broke" for event in events),
+                   key_impacts=impacts[:cap], perf_delta=perf,
+                   actors=tuple(sorted({event["actor"] for event in events})), entity_ids=tuple(entities[:cap]),
+                   from_seq=min(event["seq"] for event in events), to_seq=max(event["seq"] for event in events),
+                   entities_skipped=max(0, len(entities) - cap))
+
+
+def random_window(rng: random.Random, size: int) -> list[dict[str, Any]]:
+    """`size` events naming random ids (some repeated), some of them high or critical, some broken."""
+    window = []
+    for seq in range(1, size + 1):
+        ids = [f"e{rng.randrange(3000):04x}.{rng.choice('abc')}" for _ in range(rng.randrange(0, 40))]
+        impact = {"severity": rng.choice(["low", "high", "critical"]), "perfDelta": rng.uniform(-5, 5)}
+        window.append(event(seq, rng.choice(["modified", "modified", "broke"]), rng.choice(["a", "b", "c"]),
+                            ids, impact=impact))
+    return window
+
+
+def test_selected_ids_are_the_sorted_ones_on_random_windows() -> None:
+    """Selecting the first `cap` ids (with parts added one after the other) gives the summary sorting all gave."""
+    rng = random.Random(28)
+    for round_ in range(60):
+        window = random_window(rng, rng.randrange(1, 120))
+        cap = rng.choice([1, 7, 50, 300, 5000])
+        expected = sorted_summary(window, "working", cap)
+        assert aggregate(window, "working", cap) == expected, round_
+        tally = Tally(cap)
+        for start in range(0, len(window), 9):
+            tally.add(window[start:start + 9])
+        assert tally.summary("working") == expected, round_
+
+
+def test_smallest_is_the_head_of_the_sorted_ids() -> None:
+    rng = random.Random(5)
+    ids = {f"{rng.getrandbits(32):08x}" for _ in range(20_000)}
+    for count in (0, 1, 2048, 19_999, 20_000, 30_000):
+        assert smallest(ids, count) == sorted(ids)[:count]

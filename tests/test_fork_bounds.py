@@ -4,6 +4,8 @@ MEMENTO_HEAVY_MAX at once are refused (-32029, retryable), writing nothing."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,8 @@ import redis.asyncio as aioredis
 from memento_sessions import keys
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.helpers import make_settings, token
+from memento_sessions.sessions.store import FunctionStore
+from tests.helpers import make_settings, sample, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -120,3 +123,75 @@ async def test_heavy_requests_past_the_bound_are_refused_and_retryable(bounded: 
         assert (await peer.error("session.get", {"sessionId": "later"}))["code"] == -32004  # nothing was written
         assert (await peer.call("session.fork", {"sessionId": sid, "atSeq": 1, "newSessionId": "later"}))[
             "sessionId"] == "later"
+
+
+STAGE_BYTES = 64 * 1024
+
+
+async def test_a_copy_into_redis_never_sends_more_than_the_stage_chunk_per_call(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork and a resume of a 1.8 MB session write it in ms_stage calls of at most MEMENTO_STAGE_CHUNK_BYTES
+    of events or ids each (so none holds Redis's one thread for long), and the copy is whole."""
+    sent: list[int] = []
+    call = FunctionStore.call
+
+    async def recording(store: FunctionStore, function: str, skeys: keys.SessionKeys, *args: str | int,
+                        **options: Any) -> Any:
+        if function == "ms_stage":
+            sent.append(sum(len(str(arg)) for arg in args[4:]))  # after token, ttl, start and kind
+        return await call(store, function, skeys, *args, **options)
+
+    monkeypatch.setattr(FunctionStore, "call", recording)
+    settings = make_settings(backend_urls, tmp_path, stage_chunk_bytes=STAGE_BYTES, checkpoint_every=100_000)
+    async with running(settings) as daemon, rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {}))["sessionId"]
+        for n in range(4):
+            await peer.call("event.emitBatch", {"sessionId": sid, "events": [
+                {"id": f"e{n}.{i}", "type": "modified", "data": {"blob": "x" * 15_000}} for i in range(30)]})
+        parent = await stored_data(settings.redis_url or "", namespace, sid)
+        fork = (await peer.call("session.fork", {"sessionId": sid, "atSeq": 120}))["sessionId"]
+        forked, copied = await stored_data(settings.redis_url or "", namespace, fork), sum(sent)
+        await peer.call("session.suspend", {"sessionId": sid})
+        await peer.call("session.resume", {"sessionId": sid})
+        resumed = await stored_data(settings.redis_url or "", namespace, sid)
+    assert copied > 1_800_000 and sum(sent) > 2 * 1_800_000  # both copies went through ms_stage
+    assert max(sent) <= STAGE_BYTES + 64, f"an ms_stage call carried {max(sent):,} bytes"
+    assert len(parent) == 120 and forked == parent == resumed
+
+
+async def stored_data(url: str, namespace: str, sid: str) -> list[tuple[int, str, Any]]:
+    """Each stored event's seq, id and data, as Redis holds the session."""
+    r = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        members = await r.zrange(keys.session_keys(namespace, sid).events, 0, -1)
+    finally:
+        await r.aclose()
+    return [(e["seq"], e.get("id"), e.get("data")) for e in (json.loads(str(m)) for m in members)]
+
+
+async def test_a_namespaces_copies_are_paced_to_its_budget_of_bytes(backend_urls: Endpoints, tmp_path: Path,
+                                                                      namespace: str) -> None:
+    """At MEMENTO_STAGE_PACE_BYTES 256 KiB a second, a fork of 450 KB of events, in calls of 64 KiB, takes
+    over 1.2 s (each call waits for those before it, less a tenth of a second of budget), its waits counted;
+    another namespace's fork meanwhile is not held back."""
+    settings = make_settings(backend_urls, tmp_path, stage_pace_bytes=256 * 1024, stage_chunk_bytes=64 * 1024,
+                             checkpoint_every=100_000)
+    waited = sample("memento_paced_seconds_total", {"work": "copy"})
+    async with running(settings) as daemon, rpc(daemon.port, token("alice", namespace)) as peer, \
+            rpc(daemon.port, token("bob", f"{namespace}-b")) as other:
+        sid = (await peer.call("session.create", {}))["sessionId"]
+        await peer.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"type": "modified", "data": {"blob": "x" * 15_000}} for _ in range(30)]})
+        small = (await other.call("session.create", {}))["sessionId"]
+        await other.call("event.emit", {"sessionId": small, "event": {"type": "modified"}})
+        async with anyio.create_task_group() as tg:
+            started = time.perf_counter()
+            tg.start_soon(peer.call, "session.fork", {"sessionId": sid, "atSeq": 30})
+            await anyio.sleep(0.2)
+            quick = time.perf_counter()
+            await other.call("session.fork", {"sessionId": small, "atSeq": 1})
+            quick_took = time.perf_counter() - quick
+        took = time.perf_counter() - started
+    assert took >= 1.2, took
+    assert quick_took < 0.5, quick_took
+    assert sample("memento_paced_seconds_total", {"work": "copy"}) - waited >= 0.9

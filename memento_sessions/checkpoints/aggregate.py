@@ -4,15 +4,19 @@ Events are the wire dicts of the event model (camelCase, sessions/models.py), as
 Optional objects may be absent or null; both read as empty. A window naming more distinct entities than
 the checkpoint's cap keeps the first `max_entities` of them in id order (the same on every daemon) and
 counts the rest in `entities_skipped`: what a checkpoint writes to the graph, stores and returns is bounded.
+Those first ids are selected, not found by sorting all of them: a window of 100,000 new ids costs about
+one pass over them, not a sort.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 KEY_SEVERITIES = frozenset({"high", "critical"})
+SELECT_BATCH = 8192  # ids compared against the kept ones' largest per step of `smallest`
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,21 +47,73 @@ def aggregate(events: list[dict[str, Any]], state: str, max_entities: int | None
 
     At most `max_entities` entity ids (and key impacts) are kept; the entities past it are counted.
     """
-    seqs = [int(event["seq"]) for event in events if "seq" in event]
-    entities = sorted({entity for event in events for entity in _entity_ids(event)})
-    kept = len(entities) if max_entities is None else min(len(entities), max_entities)
-    impacts = _unique(impact for event in events for impact in _key_impacts(event))
-    return Summary(
-        outcome=state,
-        broke_during=any(_breaks(event) for event in events),
-        key_impacts=impacts if max_entities is None else impacts[:max_entities],
-        perf_delta=float(sum(_perf_delta(event) for event in events)),
-        actors=tuple(sorted({str(event["actor"]) for event in events if event.get("actor")})),
-        entity_ids=tuple(entities[:kept]),
-        from_seq=min(seqs, default=0),
-        to_seq=max(seqs, default=0),
-        entities_skipped=len(entities) - kept,
-    )
+    tally = Tally(max_entities)
+    tally.add(events)
+    return tally.summary(state)
+
+
+class Tally:
+    """A window's summary built a part at a time (`add` each part in seq order, then `summary`), the same as
+    `aggregate` of the whole: a caller can let others run between the parts of a large window. Beyond the
+    window's distinct ids (counted), what it holds is bounded by `max_entities`."""
+
+    def __init__(self, max_entities: int | None = None) -> None:
+        self.cap = max_entities
+        self.seen: set[str] = set()
+        self.kept: list[str] = []
+        self.impacts: dict[str, None] = {}
+        self.actors: set[str] = set()
+        self.perf_delta, self.broke = 0.0, False
+        self.seqs: tuple[int, int] | None = None
+
+    def add(self, events: list[dict[str, Any]]) -> int:
+        """The next part of the window; how many entity ids it names."""
+        for event in events:
+            if "seq" in event:
+                seq = int(event["seq"])
+                self.seqs = (seq, seq) if self.seqs is None else (min(self.seqs[0], seq), max(self.seqs[1], seq))
+            if event.get("actor"):
+                self.actors.add(str(event["actor"]))
+            self.broke = self.broke or _breaks(event)
+            self.perf_delta += _perf_delta(event)
+            for impact in _key_impacts(event):
+                if self.cap is None or len(self.impacts) < self.cap:
+                    self.impacts.setdefault(impact)
+        named = [entity for event in events for entity in _entity_ids(event)]
+        new = set(named) - self.seen
+        self.seen |= new
+        self.kept = [*self.kept, *new] if self.cap is None else smallest([*self.kept, *new], self.cap)
+        return len(named)
+
+    def summary(self, state: str) -> Summary:
+        """The summary of every part added; `state` is the outcome."""
+        return Summary(
+            outcome=state,
+            broke_during=self.broke,
+            key_impacts=tuple(self.impacts),
+            perf_delta=self.perf_delta,
+            actors=tuple(sorted(self.actors)),
+            entity_ids=tuple(sorted(self.kept)),
+            from_seq=self.seqs[0] if self.seqs else 0,
+            to_seq=self.seqs[1] if self.seqs else 0,
+            entities_skipped=len(self.seen) - len(self.kept),
+        )
+
+
+def smallest(items: Collection[str], count: int) -> list[str]:
+    """The `count` smallest of `items` in order: `sorted(items)[:count]`, in one pass for a small count.
+
+    Each batch is compared with the largest kept id; only those below it are merged in (a sort of the kept
+    ones and those few), so the cost is about n comparisons, not a sort of all n.
+    """
+    found = iter(items)
+    kept = sorted(islice(found, max(count, 0)))
+    while kept and len(kept) == count and (batch := list(islice(found, SELECT_BATCH))):
+        top = kept[-1]
+        below = [item for item in batch if item < top]
+        if below:
+            kept = sorted(kept + below)[:count]
+    return kept
 
 
 def _part(event: dict[str, Any], name: str) -> dict[str, Any]:
@@ -85,8 +141,3 @@ def _key_impacts(event: dict[str, Any]) -> list[str]:
         return []
     targets = _entity_ids(event) or [str(event.get("type", "event"))]
     return [f"{target}:{severity}" for target in targets]
-
-
-def _unique(items: Iterable[str]) -> tuple[str, ...]:
-    """Items without repeats, in order of first appearance (the window's seq order)."""
-    return tuple(dict.fromkeys(items))

@@ -20,12 +20,13 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pydantic_core
 from anyio.abc import TaskGroup
 
 from memento_sessions import keys
 from memento_sessions.backends import UNAVAILABLE, Backends
-from memento_sessions.checkpoints.aggregate import Summary, aggregate
+from memento_sessions.checkpoints.aggregate import Summary, Tally
 from memento_sessions.checkpoints.anchors import write_anchor
 from memento_sessions.checkpoints.pending import Pending, PendingSnapshots
 from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
@@ -38,8 +39,10 @@ from memento_sessions.metrics import (
     CHECKPOINT_ENTITIES_SKIPPED,
     CHECKPOINTS,
     KG_ANCHORS_WRITTEN,
+    PACED_SECONDS,
     SNAPSHOTS_DEFERRED,
 )
+from memento_sessions.pacing import Pacer
 from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import SessionManager, now_ms
@@ -52,6 +55,7 @@ DRAIN_SECONDS = 5.0
 SNAPSHOT_TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT, TimeoutError)
 FLUSH_EVERY = 5.0  # seconds between passes over the pending snapshots
 FLUSH_MAX_DELAY = 10.0  # the longest pause while Postgres is down
+DECODE_PART = 16  # events of a window decoded and summarised between two turns of the event loop
 
 
 def checkpoint_id(namespace: str, epoch: str, session_id: str, seq: int, final: bool) -> str:
@@ -103,6 +107,7 @@ class Checkpointer:
         self.triggers = triggers or Triggers(settings.checkpoint_every)
         self._tg: TaskGroup | None = None
         self.in_flight = 0
+        self.pacer = Pacer(settings.batch_ids_pace, PACED_SECONDS.labels("checkpoint"))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Work through queued checkpoints with a few workers, forever; the queue is closed when they stop."""
@@ -173,8 +178,7 @@ class Checkpointer:
             return {**last.get("result", {}), "checkpointId": last.get("id")}
         # One read for the view and the window, so the window ends exactly at the view's seq.
         session, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
-        events = [pydantic_core.from_json(member) for member in members]
-        summary = aggregate(events, session["state"], self.settings.checkpoint_max_entities)
+        events, summary = await self._summarise(namespace, members, session["state"])
         CHECKPOINT_ENTITIES_SKIPPED.inc(summary.entities_skipped)
         cp_id = checkpoint_id(namespace, session["epoch"], session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
@@ -193,6 +197,18 @@ class Checkpointer:
         log.info("checkpoint", session_id=session_id, checkpoint_id=cp_id, outcome=summary.outcome,
                  ms=round((time.perf_counter() - started) * 1000, 2))
         return result
+
+    async def _summarise(self, namespace: str, members: list[str], state: str) -> tuple[list[dict[str, Any]], Summary]:
+        """The window's events decoded and summarised a part at a time (at most DECODE_PART events, so at
+        most 256 ids each), with a turn for the daemon's other work between parts: a window of 100,000
+        new ids never holds the event loop for longer than one part takes. The parts of one namespace go at
+        most MEMENTO_BATCH_IDS_PACE ids a second (pacing.py)."""
+        tally, events = Tally(self.settings.checkpoint_max_entities), []
+        for start in range(0, len(members), DECODE_PART):
+            part = [pydantic_core.from_json(member) for member in members[start:start + DECODE_PART]]
+            events += part
+            await self.pacer.take(namespace, tally.add(part))
+        return events, tally.summary(state)
 
     async def _new_snapshot(self, namespace: str, session: dict[str, Any], last: dict[str, Any], cp_id: str,
                             window: list[dict[str, Any]]) -> Pending:

@@ -358,22 +358,22 @@ local function renew(keys, args)
   local renewed = string.gsub(raw, '"expiresAt":%d+}$', '"expiresAt":' .. expires .. '}')
   redis.call('HSET', keys[1], lease_id, renewed)
   redis.call('ZADD', keys[3], expires, lease_id)
-  for _, pair in ipairs(decode_list(redis.call('HGET', keys[7], lease_id))) do
+  local covered = decode_list(redis.call('HGET', keys[7], lease_id))
+  for _, pair in ipairs(covered) do
     local key = hold_key(keys, lease.mode, pair[1])
     redis.call('ZADD', key, 'XX', expires, hold_member(agent, lease_id, pair[2]))
     redis.call('EXPIRE', key, KEEP)
   end
   redis.call('ZADD', keys[6], now, agent)
   keep(keys)
-  return expires
+  return {expires, #covered}
 end
 
--- ARGV: now_ms, agent, lease_id
+-- ARGV: now_ms, agent, lease_id. Returns the holds it removed, plus one (the caller paces by them).
 local function release(keys, args)
   local _, err = owned(keys, args[2], args[3], tonumber(args[1]))
   if err then return err end
-  drop(keys, args[3])
-  return 1
+  return drop(keys, args[3])
 end
 
 -- Ends the leases of one agent not seen for the grace while `budget` lasts; true once it has none left.

@@ -22,7 +22,8 @@ from memento_sessions.errors import BackendUnavailable, Conflict, Reason
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.logs import get_logger
 from memento_sessions.loops import one_pass
-from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS
+from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS, PACED_SECONDS
+from memento_sessions.pacing import Pacer
 from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.sessions.paging import Page, page_bytes
 from memento_sessions.settings import Settings
@@ -66,6 +67,8 @@ class Leases:
         self.coverage = Coverage(graphs, store, settings.lease_coverage_edges, settings.lease_max_covered)
         self.settings = settings
         self._indexed: set[str] = set()  # namespaces this daemon has added to the reaper's set
+        # Each write's Redis work is per covered entity: a namespace's go at MEMENTO_LEASE_PACE a second (pacing.py)
+        self.pacer = Pacer(settings.lease_pace, PACED_SECONDS.labels("lease"))
 
     async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,
                       session_id: str | None = None, reason: str | None = None) -> Result:
@@ -139,6 +142,7 @@ class Leases:
         """The one Function call of an acquire: `{granted, conflicts, ...}` or `{stale: true}`."""
         flat = [item for pair in pairs for item in pair]
         checked = [item for pair in above for item in pair]
+        await self.pacer.take(who.namespace, len(pairs) + len(above))
         try:
             raw = await self.store.call("mc_acquire", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
                                         lease_id, mode, ttl * 1000, self.settings.lease_max, tail, version,
@@ -151,13 +155,18 @@ class Leases:
 
     async def renew(self, who: Identity, lease_id: str, ttl: int) -> Result:
         """Move the lease's end to now + ttl (its fencing token stays)."""
-        expires = await self.store.call("mc_renew", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
-                                        lease_id, ttl * 1000)
+        await self.pacer.take(who.namespace)
+        expires, covered = await self.store.call("mc_renew", keys.lease_keys(who.namespace).all(), now_ms(),
+                                                 who.agent_id, lease_id, ttl * 1000)
+        self.pacer.charge(who.namespace, int(covered))
         return {"leaseId": lease_id, "expiresAt": iso(int(expires))}
 
     async def release(self, who: Identity, lease_id: str) -> Result:
         """End the lease now."""
-        await self.store.call("mc_release", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id, lease_id)
+        await self.pacer.take(who.namespace)
+        holds = await self.store.call("mc_release", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
+                                      lease_id)
+        self.pacer.charge(who.namespace, int(holds))
         LEASE_ENDS.labels("released").inc()
         return {"leaseId": lease_id, "released": True}
 

@@ -153,8 +153,10 @@ async def stored_conflicts(check: asyncio.Future[list[Result]]) -> list[Result]:
 
 
 def fenced_batch(coord: Coordination, inner: Handler) -> Handler:
-    """The batch with its fencing marks synced, then its conflicts reported and alerted."""
+    """The batch paced (its namespace's batches name at most MEMENTO_BATCH_IDS_PACE entity ids a second per
+    daemon), written with its fencing marks synced, then its conflicts reported and alerted."""
     async def handler(call: Call, params: Any) -> Result:
+        await coord.alerts.batches.take(call.identity.namespace, sum(len(touched(event)) for event in params.events))
         result = await write_fenced(coord, call, params.sessionId, params.events,
                                     lambda: inner(call, params))
         duplicates = set(result.get("duplicates", ()))

@@ -22,7 +22,7 @@ from memento_sessions.sessions.condense import state_after
 from memento_sessions.sessions.lifecycle import Lifecycle, frames
 from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.sessions.snapshot_store import SNAPSHOT_PREFIX
-from memento_sessions.sessions.streams import Stager, per_read, redis_events, redis_ids
+from memento_sessions.sessions.streams import per_read, redis_events, redis_ids
 from memento_sessions.sessions.suspended import Suspended
 
 
@@ -120,7 +120,7 @@ async def write_fork(lifecycle: Lifecycle, parent: Parent, who: Identity, sid: s
     """Stage the fork's snapshot, events, ids and agent into Redis, then make it live."""
     base_seq, snapshot = base
     at_seq = int(fork_fields["seq"])
-    stager = Stager(lifecycle.manager.store, keys.session_keys(who.namespace, sid), int(fork_fields["ttl"]))
+    stager = lifecycle.stager(who.namespace, sid, int(fork_fields["ttl"]))
     await stager.start()
     state = pydantic_core.from_json(snapshot)["state"] if snapshot else "working"
     if snapshot:

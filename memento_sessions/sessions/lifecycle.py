@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, NoReturn
 
 import pydantic_core
@@ -27,7 +28,8 @@ from redis.exceptions import ResponseError
 
 from memento_sessions import keys
 from memento_sessions.errors import Conflict, NotFound, Reason
-from memento_sessions.metrics import LIFECYCLE
+from memento_sessions.metrics import LIFECYCLE, PACED_SECONDS
+from memento_sessions.pacing import Pacer
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.manager import SessionManager, now_ms
@@ -66,7 +68,14 @@ class Lifecycle:
     def __init__(self, manager: SessionManager, store: SuspendedStore) -> None:
         self.manager, self.redis, self.store = manager, manager.redis, store
         self.chunk_bytes = manager.settings.suspend_chunk_bytes
+        self.stage_bytes = manager.settings.stage_chunk_bytes
+        self.copies = Pacer(manager.settings.stage_pace_bytes, PACED_SECONDS.labels("copy"))
         store.chunk_bytes = self.chunk_bytes
+
+    def stager(self, namespace: str, session_id: str, ttl: int) -> Stager:
+        """A staged write of the session into Redis, in calls of MEMENTO_STAGE_CHUNK_BYTES, paced per namespace."""
+        return Stager(self.manager.store, keys.session_keys(namespace, session_id), ttl, self.stage_bytes,
+                      partial(self.copies.take, namespace))
 
     async def head(self, namespace: str, session_id: str) -> Head:
         """The session's hash, agents and snapshot seqs in Redis (an empty hash: Redis does not hold it)."""
@@ -196,7 +205,7 @@ class Lifecycle:
         fields = {**row.fields, "updatedAt": str(now_ms()), "epoch": epoch}
         ttl = int(fields.get("ttl") or self.manager.settings.session_ttl)
         await self.manager.index(namespace, session_id, int(row.fields["createdAt"]))  # listed before it is live
-        stager = Stager(self.manager.store, keys.session_keys(namespace, session_id), ttl)
+        stager = self.stager(namespace, session_id, ttl)
         note = {"sessionId": session_id, "seq": row.seq, "epoch": epoch}
         try:
             await stager.start()

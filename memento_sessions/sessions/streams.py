@@ -4,13 +4,18 @@ holds at most a chunk of it in the daemon (MEMENTO_SUSPEND_CHUNK_BYTES), not all
 A write goes through `ms_stage` calls that fill the session's events, ids and agents while it has no hash
 (every reader and writer treats a session without its hash as absent), then one `ms_restore` call that
 writes the hash and publishes: the session appears whole or not at all. A write cut short leaves keys
-that expire with the TTL they were given, and the next write of the id clears them first.
+that expire with the TTL they were given, and the next write of the id clears them first. Each `ms_stage`
+call carries at most MEMENTO_STAGE_CHUNK_BYTES of events or ids (or one larger item), so no call of a
+copy holds Redis's one thread for long: other clients' commands run between two calls; and a namespace's
+copies write at most MEMENTO_STAGE_PACE_BYTES a second per daemon (pacing.py), so one tenant's forks
+leave Redis free for the others most of the time. `ms_restore`
+writes only the hash and sets the TTLs: its work does not grow with the session.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -28,6 +33,24 @@ SNAPSHOT_FIELDS = "~snap"  # the prefix of the ids-hash fields that are snapshot
 def per_read(chunk_bytes: int) -> int:
     """Events read from Redis per round trip: as many as fit a chunk at the largest event size."""
     return max(1, chunk_bytes // MAX_EVENT_BYTES)
+
+
+def parts(items: list[Any], size: Callable[[Any], int], most: int) -> Iterator[list[Any]]:
+    """`items` in consecutive runs of at most `most` bytes by `size` (a larger item alone)."""
+    run: list[Any] = []
+    total = 0
+    for item in items:
+        if run and total + size(item) > most:
+            yield run
+            run, total = [], 0
+        run.append(item)
+        total += size(item)
+    if run:
+        yield run
+
+
+def pair_size(pair: tuple[str, str]) -> int:
+    return len(pair[0]) + len(pair[1])
 
 
 def flat(pairs: Iterable[tuple[str, Any]]) -> list[Any]:
@@ -78,10 +101,13 @@ async def redis_ids(redis: aioredis.Redis, skeys: SessionKeys, count: int) -> As
 
 
 class Stager:
-    """One staged write of a session into Redis (a resume or a fork): stage parts, then `restore`."""
+    """One staged write of a session into Redis (a resume or a fork): stage parts, then `restore`. Each call
+    carries at most `chunk_bytes` of events or ids (or one larger item)."""
 
-    def __init__(self, store: FunctionStore, skeys: SessionKeys, ttl: int) -> None:
-        self.store, self.skeys, self.ttl = store, skeys, ttl
+    def __init__(self, store: FunctionStore, skeys: SessionKeys, ttl: int, chunk_bytes: int,
+                 pace: Callable[[int], Awaitable[None]] | None = None) -> None:
+        self.store, self.skeys, self.ttl, self.chunk_bytes = store, skeys, ttl, chunk_bytes
+        self.pace = pace  # waits, before each call, for the namespace's budget of bytes a second (pacing.py)
         self.token = uuid.uuid4().hex
 
     async def start(self) -> None:
@@ -89,10 +115,14 @@ class Stager:
         await self._stage("1", "")
 
     async def events(self, members: list[str]) -> None:
-        await self._stage("0", "z", *scored(members))
+        for run in parts(members, len, self.chunk_bytes):
+            await self._paced(sum(map(len, run)))
+            await self._stage("0", "z", *scored(run))
 
     async def ids(self, pairs: list[tuple[str, str]]) -> None:
-        await self._stage("0", "h", *flat(pairs))
+        for run in parts(pairs, pair_size, self.chunk_bytes):
+            await self._paced(sum(map(pair_size, run)))
+            await self._stage("0", "h", *flat(run))
 
     async def agents(self, agents: list[str]) -> None:
         for start in range(0, len(agents), 1000):
@@ -103,6 +133,10 @@ class Stager:
         (epoch and seq) live already."""
         done = await self._call("ms_restore", mode, self.ttl, self.token, *frames, *flat(fields.items()))
         return bool(done)
+
+    async def _paced(self, nbytes: int) -> None:
+        if self.pace is not None:
+            await self.pace(nbytes)
 
     async def _stage(self, start: str, kind: str, *items: str | int) -> None:
         await self._call("ms_stage", self.token, self.ttl, start, kind, *items)

@@ -21,7 +21,7 @@ from memento_sessions.auth import SESSION_ID, AuthError, Identity, bearer, sessi
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
 from memento_sessions.ratelimit import TokenBucket
-from memento_sessions.rpc import Call, Registry, Request, answer, prepare
+from memento_sessions.rpc import Call, Registry, Request, answer, prepare_in_parts
 from memento_sessions.ws.connection import Connection
 
 log = get_logger(__name__)
@@ -138,7 +138,7 @@ class Gateway:
         if message["type"] == "websocket.disconnect":
             return int(message.get("code", 1000))
         frame = message.get("text") or message.get("bytes") or b""
-        return prepare(self.registry, call, frame, bucket), len(frame)
+        return await prepare_in_parts(self.registry, call, frame, bucket), len(frame)
 
     def shutdown(self) -> None:
         """Stop accepting and close every connection with 1001 (going away)."""

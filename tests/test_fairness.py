@@ -1,0 +1,221 @@
+"""One tenant's large requests do not hold the daemon's event loop: a batch of 100,000 ids is validated, stored
+and checked for conflicts a part at a time, with the same result and the same errors as in one go."""
+
+from __future__ import annotations
+
+import gc
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from memento_sessions.auth import Identity
+from memento_sessions.coordination.store import CoordStore
+from memento_sessions.endpoints import Endpoints
+from memento_sessions.pacing import Pacer
+from memento_sessions.rpc import Call, Registry, prepare, prepare_in_parts
+from memento_sessions.server.daemon import Daemon, running, settle_gc
+from memento_sessions.sessions.methods import EmitBatchParams
+from tests.helpers import make_settings, sample, token
+from tests.rpcsocket import rpc
+
+pytestmark = pytest.mark.anyio
+EVENTS, IDS = 400, 256  # 102,400 ids in a frame of about 900 KB
+WRITE_KG = "sessions:read sessions:write kg:write"
+
+
+def batch(sid: str, prefix: str = "") -> list[dict[str, Any]]:
+    return [{"type": "modified", "changeInfo": {"entityIds": [f"{prefix}{n:03x}{i:02x}" for i in range(IDS)]}}
+            for n in range(EVENTS)]
+
+
+@pytest.fixture
+def daemon_gc() -> Iterator[None]:
+    """The collector tuned as the daemon process tunes it after start-up (settle_gc), undone afterwards: an
+    in-process daemon shares the test's heap, whose full collections would otherwise count as its pauses."""
+    thresholds = gc.get_threshold()
+    settle_gc()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
+
+
+@asynccontextmanager
+async def loop_gaps() -> AsyncIterator[list[float]]:
+    """The CPU seconds this thread spent between two turns of a task that asks for one every ms, while inside:
+    the longest is the longest stretch the event loop gave to other work (the host's own pauses, which a busy
+    shared machine has many of, do not count)."""
+    gaps: list[float] = []
+    done = anyio.Event()
+
+    async def tick() -> None:
+        last = time.thread_time()
+        while not done.is_set():
+            await anyio.sleep(0.001)
+            now = time.thread_time()
+            gaps.append(now - last)
+            last = now
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        await anyio.sleep(0.01)
+        try:
+            yield gaps
+        finally:
+            done.set()
+
+
+@pytest.mark.usefixtures("daemon_gc")
+async def test_a_batch_of_100_000_ids_never_holds_the_event_loop_long(daemon: Daemon, namespace: str) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as peer:
+        sid = (await peer.call("session.create", {}))["sessionId"]
+        frame = json.dumps({"jsonrpc": "2.0", "id": 99, "method": "event.emitBatch",
+                            "params": {"sessionId": sid, "events": batch(sid)}}, separators=(",", ":"))
+        await peer.ws.send(frame)  # encoded before the watch starts: the test's own work is not counted
+        async with loop_gaps() as gaps:
+            reply = await peer.reply(99)
+    assert reply["result"]["seqs"] == list(range(1, EVENTS + 1))
+    assert max(gaps) < 0.025, f"the event loop waited {max(gaps) * 1000:.0f} ms on the batch"
+
+
+def registry() -> Registry:
+    async def handler(call: Call, params: EmitBatchParams) -> dict[str, Any]:
+        return {}
+
+    table = Registry()
+    table.add("event.emitBatch", EmitBatchParams, handler, "sessions:write")
+    return table
+
+
+BAD_PARAMS: list[Callable[[list[dict[str, Any]]], dict[str, Any]]] = [
+    lambda events: {"sessionId": "s", "events": events},
+    lambda events: {"sessionId": "s", "events": [*events, {"type": "x", "changeInfo": {"entityIds": ["a\u0001"]}}]},
+    lambda events: {"sessionId": 5, "events": [*events[:30], {"type": 7}], "extra": 1},
+    lambda events: {"sessionId": "s", "events": [*events, *events]},  # over 500 events
+    lambda events: {"sessionId": "s", "events": "no"},
+]
+
+
+@pytest.mark.parametrize("params", BAD_PARAMS)
+async def test_params_validated_in_parts_are_the_same_as_in_one_go(params: Callable[..., dict[str, Any]]) -> None:
+    call = Call(Identity("alice", "ns", frozenset({"sessions:write"})))
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "event.emitBatch", "params": params(batch("s"))})
+    whole, parts = prepare(registry(), call, frame), await prepare_in_parts(registry(), call, frame)
+    assert parts.params == whole.params
+    assert (parts.error and parts.error.to_dict()) == (whole.error and whole.error.to_dict())
+
+
+
+
+async def test_a_batch_reads_holds_only_when_its_namespace_has_some(daemon: Daemon, namespace: str,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch in a namespace without leases makes no read of holds (one HLEN says there are none); once
+    another agent holds one of its entities, its conflict is found and reported with the event's seq."""
+    reads: list[int] = []
+    call = CoordStore.call
+
+    async def recording(store: CoordStore, function: str, fkeys: Any, *args: str | int) -> Any:
+        if function == "mc_holds":
+            reads.append(len(args) - 1)
+        return await call(store, function, fkeys, *args)
+
+    monkeypatch.setattr(CoordStore, "call", recording)
+    events = [{"type": "modified", "changeInfo": {"entityIds": [f"fn:{n}.{i}" for i in range(10)]}} for n in range(40)]
+    async with rpc(daemon.port, token("alice", namespace)) as alice, rpc(daemon.port, token("bob", namespace)) as bob:
+        sid = (await alice.call("session.create", {}))["sessionId"]
+        first = await alice.call("event.emitBatch", {"sessionId": sid, "events": events})
+        assert reads == [] and "conflicts" not in first
+        lease = await bob.call("lease.acquire", {"entityIds": ["fn:7.3"], "ttl": 60})
+        second = await alice.call("event.emitBatch", {"sessionId": sid, "events": events})
+    assert sum(reads) == 400
+    assert [(c["entityId"], c["leaseId"], c["seq"]) for c in second["conflicts"]] == [("fn:7.3", lease["leaseId"], 48)]
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_namespace_sending_large_leases_back_to_back_waits_and_the_others_do_not() -> None:
+    clock = Clock()
+    pacer = Pacer(4096, clock=clock)
+    assert pacer.charge("heavy", 4096) == 0.0  # the first goes at once
+    clock.now += 0.02  # it held Redis 20 ms
+    assert pacer.charge("heavy", 4096) == pytest.approx(1.0 - 0.02 - 0.1)  # the next waits for its budget
+    assert pacer.charge("light", 10) == 0.0 and pacer.charge("light", 10) == 0.0  # another namespace does not
+    clock.now += 5.0
+    assert pacer.owed("heavy") == 0.0 and pacer.charge("heavy", 4096) == 0.0  # repaid: at once again
+    for _ in range(40):  # a few entities at a time, back to back: never waits
+        clock.now += 0.01
+        assert pacer.charge("light", 40) == 0.0
+    assert Pacer(0, clock=clock).charge("heavy", 10**9) == 0.0  # 0: unpaced
+
+
+async def test_one_namespaces_batches_are_paced_and_anothers_are_not(backend_urls: Endpoints, tmp_path: Path,
+                                                                    namespace: str) -> None:
+    """At MEMENTO_BATCH_IDS_PACE 10,000, four batches of 5,000 ids back to back take about 1.4 s (the first
+    goes at once, each next once the earlier ones are paid for), and another namespace's batch meanwhile
+    does not wait; the waits are counted."""
+    settings = make_settings(backend_urls, tmp_path, batch_ids_pace=10_000, checkpoint_every=100_000)
+    waited = sample("memento_paced_seconds_total", {"work": "batch"})
+    events = [{"type": "modified", "changeInfo": {"entityIds": [f"fn:{n}.{i}" for i in range(250)]}}
+              for n in range(20)]
+    async with running(settings) as daemon, rpc(daemon.port, token("heavy", namespace)) as heavy, \
+            rpc(daemon.port, token("light", f"{namespace}-other")) as light:
+        sid = (await heavy.call("session.create", {}))["sessionId"]
+        other = (await light.call("session.create", {}))["sessionId"]
+        started = time.perf_counter()
+        for _ in range(3):
+            await heavy.call("event.emitBatch", {"sessionId": sid, "events": events})
+        light_started = time.perf_counter()
+        await light.call("event.emitBatch", {"sessionId": other, "events": events[:4]})
+        light_took = time.perf_counter() - light_started
+        await heavy.call("event.emitBatch", {"sessionId": sid, "events": events})
+        took = time.perf_counter() - started
+    assert took >= 1.3, took
+    assert light_took < 0.5, light_took
+    assert sample("memento_paced_seconds_total", {"work": "batch"}) - waited >= 0.8
+
+
+async def test_one_namespaces_large_leases_are_paced_and_anothers_are_not(backend_urls: Endpoints, tmp_path: Path,
+                                                                         namespace: str) -> None:
+    """At MEMENTO_LEASE_PACE 512, four back-to-back shared leases of 4 files that define 63 symbols each (256
+    covered entities per lease) take over 1.2 s, and their releases are charged too; another namespace's
+    lease meanwhile does not wait; the waits are counted."""
+    settings = make_settings(backend_urls, tmp_path, lease_pace=512)
+    waited = sample("memento_paced_seconds_total", {"work": "lease"})
+    files = [f"f{n}" for n in range(4)]
+    nodes = [{"id": file, "labels": ["CodebaseEntity"]} for file in files]
+    nodes += [{"id": f"{file}.s{n}", "labels": ["Symbol"]} for file in files for n in range(63)]
+    edges = [{"from": file, "to": f"{file}.s{n}", "type": "DEFINES"} for file in files for n in range(63)]
+    async with running(settings) as daemon, rpc(daemon.port, token("heavy", namespace, WRITE_KG)) as heavy, \
+            rpc(daemon.port, token("light", f"{namespace}-other")) as light:
+        await heavy.call("kg.upsert", {"nodes": nodes, "edges": edges})
+        started = time.perf_counter()
+        held = [await heavy.call("lease.acquire", {"entityIds": files, "ttl": 60, "mode": "shared"})
+                for _ in range(3)]
+        light_started = time.perf_counter()
+        await light.call("lease.acquire", {"entityIds": ["fn:a"], "ttl": 60})
+        light_took = time.perf_counter() - light_started
+        held.append(await heavy.call("lease.acquire", {"entityIds": files, "ttl": 60, "mode": "shared"}))
+        took = time.perf_counter() - started
+        assert [len(lease["covers"]) + lease.get("coversOmitted", 0) for lease in held] == [252] * 4
+        released = time.perf_counter()
+        await heavy.call("lease.release", {"leaseId": held[0]["leaseId"]})  # waits for the four acquires' budget
+        release_took = time.perf_counter() - released
+    assert took >= 1.2, took
+    assert release_took >= 0.2, release_took
+    assert light_took < 0.5, light_took
+    assert sample("memento_paced_seconds_total", {"work": "lease"}) - waited >= 1.0
