@@ -5,11 +5,15 @@ session), and one session's failed idle suspend neither loses it nor stops the o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import tracemalloc
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import asyncpg
 import pytest
 import redis.asyncio as aioredis
@@ -17,12 +21,13 @@ import structlog
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
+from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
 from memento_sessions.sessions.fork import fork
 from memento_sessions.sessions.lifecycle_methods import GetAtParams, LifecycleService
 from memento_sessions.sessions.manager import IDLE_MARGIN
-from tests.helpers import make_settings, sample, token
+from tests.helpers import SECRET, falkordb_url, make_settings, sample, token
 from tests.rpcsocket import rpc
 
 pytestmark = pytest.mark.anyio
@@ -185,6 +190,80 @@ async def test_memory_per_move_is_bounded_by_the_chunk_size_not_the_session(
         print({name: f"{size / 1e6:.2f} MB" for name, size in grown.items()})
         assert all(size < bound for size in grown.values()), grown
         assert len(await all_events(peer, sid)) == 501
+
+
+MB = 1024 * 1024
+DEFAULT_CHUNK = 4 * MB  # MEMENTO_SUSPEND_CHUNK_BYTES's default
+
+
+@pytest.fixture
+def daemon_process(backend_urls: Endpoints, tmp_path: Path) -> Iterator[tuple[int, int]]:
+    """A `serve` process of its own on the tests' servers, default chunks, no checkpoints: (port, pid)."""
+    port = free_port()
+    env = {**os.environ, "MEMENTO_REDIS_URL": backend_urls.redis_url,
+           "MEMENTO_POSTGRES_DSN": backend_urls.postgres_dsn or "", "MEMENTO_FALKORDB_URL": falkordb_url(backend_urls)
+           or "", "MEMENTO_AUTH_SECRET": SECRET, "MEMENTO_PORT": str(port), "MEMENTO_DATA_DIR": str(tmp_path / "d"),
+           "MEMENTO_LOG_LEVEL": "warning", "MEMENTO_CHECKPOINT_EVERY": "100000"}
+    proc = subprocess.Popen([sys.executable, "-m", "memento_sessions.cli", "serve"], env=env)
+    try:
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(15)
+
+
+def status_kb(pid: int) -> dict[str, int]:
+    """The kB lines of /proc/<pid>/status (VmRSS, VmHWM), as numbers."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {name: int(value.split()[0]) for name, _, value in (line.partition(":") for line in lines)
+            if value.strip().endswith(" kB")}
+
+
+def reset_peak(pid: int) -> None:
+    """The process's peak RSS (VmHWM) starts again from its RSS now."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+async def rss_growth(pid: int, work: Awaitable[object]) -> float:
+    """MB the process's peak RSS (VmHWM, reset first) rose above its RSS before, during `work`."""
+    before = status_kb(pid)["VmRSS"]
+    reset_peak(pid)
+    await work
+    return (status_kb(pid)["VmHWM"] - before) / 1024
+
+
+async def test_a_resume_of_many_default_chunks_grows_the_daemon_by_a_few_chunks_not_the_session(
+        daemon_process: tuple[int, int], namespace: str) -> None:
+    """RSS of a daemon process, as the bench weighs it: the driver's and the allocator's buffers count too,
+    which tracemalloc does not see. A ~40 MB session is ten chunks; its resume holds a chunk or two."""
+    port, pid = daemon_process
+    with anyio.fail_after(60):
+        while True:
+            try:
+                await (await anyio.connect_tcp("127.0.0.1", port)).aclose()
+                break
+            except OSError:
+                await anyio.sleep(0.1)
+    async with rpc(port, token("alice", namespace)) as peer:
+        warm = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        await peer.call("session.suspend", {"sessionId": warm})
+        await peer.call("session.resume", {"sessionId": warm})  # first-call costs, once
+        sid = (await peer.call("session.create", {"entityIds": ["fn:a"]}))["sessionId"]
+        for first in range(0, 2700, 25):  # 2,700 events of 15 kB
+            await peer.call("event.emitBatch", {"sessionId": sid, "events": [
+                {"type": "modified", "id": f"e{n}", "data": {"blob": f"{n:06d}" * 2500}}
+                for n in range(first, first + 25)]})
+        await peer.call("session.suspend", {"sessionId": sid})
+        resumed: dict[str, Any] = {}
+
+        async def resume() -> None:
+            resumed.update(await peer.call("session.resume", {"sessionId": sid}))
+        grown = await rss_growth(pid, resume())
+        print(f"resume of a ~40 MB session grew the daemon by {grown:.1f} MB")
+        assert grown < 3 * DEFAULT_CHUNK / MB, grown  # about 20 MB when a chunk was read as one string
+        assert resumed["seq"] == 2701
+        tail = (await peer.call("session.get", {"sessionId": sid, "since": 2690}))["events"]
+        assert [event["seq"] for event in tail] == list(range(2691, 2702))
 
 
 async def test_a_row_of_the_first_schema_is_still_read_and_resumed(daemon: Daemon, namespace: str) -> None:

@@ -5,7 +5,8 @@ A suspended session is moved out of Redis whole and exact: its hash, agents, ids
 snapshots) and every stored event, so a resume writes back the same seqs. Its events are stored in chunks
 of at most MEMENTO_SUSPEND_CHUNK_BYTES (plus one event), its client ids likewise, and each compaction
 snapshot in a row of its own: no single value nears Postgres's 256 MB jsonb (or 1 GB text) ceiling,
-and a page of a stored session reads only the chunks it needs. Rows of the first schema version keep
+and a page of a stored session reads only the chunks it needs. An events chunk is read back split into its
+events by Postgres, a row each, never as one string. Rows of the first schema version keep
 their events and ids inline (`chunked` false) and are read as before.
 
 A row's `status` says what it is: `suspending` (written, Redis not yet known to have let the session go),
@@ -103,9 +104,13 @@ DELETE_RESUMED = """
 WITH gone AS (DELETE FROM suspended_sessions WHERE namespace = $1 AND session_id = $2 AND epoch = $3
               AND seq = $4 AND status = 'resuming' RETURNING namespace, session_id)
 DELETE FROM suspended_chunks c USING gone g WHERE c.namespace = g.namespace AND c.session_id = g.session_id"""
+# The next events chunk split into its members by Postgres, a row each (with its place in the chunk): the daemon
+# never holds a chunk's body as one string, nor the driver one message of a chunk's size (docs/lifecycle.md).
 NEXT_EVENTS = """
-SELECT body FROM suspended_chunks WHERE namespace = $1 AND session_id = $2 AND kind = 'e' AND last_seq > $3
-ORDER BY part LIMIT 1"""
+SELECT m.n, m.member FROM (
+    SELECT body FROM suspended_chunks WHERE namespace = $1 AND session_id = $2 AND kind = 'e' AND last_seq > $3
+    ORDER BY part LIMIT 1) c
+CROSS JOIN LATERAL unnest(string_to_array(c.body, E'\\n')) WITH ORDINALITY AS m(member, n)"""
 IDS_CHUNK = """
 SELECT part, body FROM suspended_chunks WHERE namespace = $1 AND session_id = $2 AND kind = 'i' AND part > $3
 ORDER BY part LIMIT 1"""
@@ -302,10 +307,10 @@ class SuspendedStore(MigratedStore):
         pool = await self.postgres.pool()
         cursor = after
         while upto is None or cursor < upto:
-            body: str | None = await pool.fetchval(NEXT_EVENTS, row.namespace, row.session_id, cursor)
-            if body is None:
+            rows = await pool.fetch(NEXT_EVENTS, row.namespace, row.session_id, cursor)
+            if not rows:
                 return
-            members = body.split("\n")
+            members = [rec[1] for rec in sorted(rows, key=lambda rec: int(rec[0]))]
             cursor = seq_of(members[-1])
             chunk = [m for m in members if after < seq_of(m) and (upto is None or seq_of(m) <= upto)]
             if chunk:
