@@ -148,8 +148,8 @@ end
 
 -- The (entity, via) pairs of mc_acquire's ARGV, each entity once, then the (container, entity) pairs after
 -- them: the containers of what the lease covers, checked for conflicts but not held.
-local function items_of(args)
-  local items, seen, last = {}, {}, PAIRS + tonumber(args[11]) - 1
+local function items_of(args, pair_args)
+  local items, seen, last = {}, {}, PAIRS + tonumber(pair_args) - 1
   for i = PAIRS, last, 2 do
     if not seen[args[i]] then
       seen[args[i]] = true
@@ -234,7 +234,7 @@ local function covers_json(items, room)
 end
 
 -- Writes the grant: one hold per covered entity, their counts, the lease, its end and its agent's index entry.
-local function grant(keys, args, items, counted, agent, lease_id, mode, expires, room)
+local function grant(keys, lease_json_tail, items, counted, agent, lease_id, mode, expires, room)
   local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
   local fences = {}
   for _, item in ipairs(items) do
@@ -255,7 +255,7 @@ local function grant(keys, args, items, counted, agent, lease_id, mode, expires,
   add_counts(keys[8], entities, totals, 1)
   if mode == 'exclusive' then add_counts(keys[9], entities, exclusives, 1) end
   local covers, omitted = covers_json(items, room)
-  redis.call('HSET', keys[1], lease_id, args[7] .. ',"covers":' .. covers .. ',"coversOmitted":' .. omitted ..
+  redis.call('HSET', keys[1], lease_id, lease_json_tail .. ',"covers":' .. covers .. ',"coversOmitted":' .. omitted ..
              ',"fencingToken":' .. token .. ',"expiresAt":' .. expires .. '}')
   redis.call('HSET', keys[7], lease_id, cjson.encode(items))
   redis.call('ZADD', keys[3], expires, lease_id)
@@ -265,15 +265,15 @@ end
 
 -- An intent (a declaration of planned work): always granted, never a conflict for anyone. It writes the lease,
 -- and one member per named entity in the entity's intent zset (`<holds>:i:<entityId>`, read by mc_overlaps),
--- no counts and no fencing token. ARGV as mc_acquire's.
-local function intend(keys, args, items, agent, lease_id, expires)
-  local now = tonumber(args[1])
-  if redis.call('ZCOUNT', keys[3], '(' .. now, '+inf') >= tonumber(args[6]) then
-    return redis.error_reply('FULL lease_limit ' .. args[6] .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
+-- no counts and no fencing token. `limits` holds mc_acquire's lease_max and max_holds as given.
+local function intend(keys, now, limits, lease_json_tail, items, agent, lease_id, expires)
+  local lease_max, max_holds = limits[1], limits[2]
+  if redis.call('ZCOUNT', keys[3], '(' .. now, '+inf') >= tonumber(lease_max) then
+    return redis.error_reply('FULL lease_limit ' .. lease_max .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
   end
   for _, item in ipairs(items) do
-    if redis.call('ZCOUNT', hold_key(keys, 'intent', item[1]), '(' .. now, '+inf') >= tonumber(args[9]) then
-      return redis.error_reply('FULL entity_holds ' .. item[1] .. ' already has ' .. args[9] ..
+    if redis.call('ZCOUNT', hold_key(keys, 'intent', item[1]), '(' .. now, '+inf') >= tonumber(max_holds) then
+      return redis.error_reply('FULL entity_holds ' .. item[1] .. ' already has ' .. max_holds ..
                                ' live intents (MEMENTO_LEASE_MAX_HOLDS)')
     end
   end
@@ -282,7 +282,7 @@ local function intend(keys, args, items, agent, lease_id, expires)
     redis.call('ZADD', key, expires, hold_member(agent, lease_id, ''))
     redis.call('EXPIRE', key, KEEP)
   end
-  redis.call('HSET', keys[1], lease_id, args[7] .. ',"covers":[],"coversOmitted":0,"fencingToken":null,' ..
+  redis.call('HSET', keys[1], lease_id, lease_json_tail .. ',"covers":[],"coversOmitted":0,"fencingToken":null,' ..
              '"expiresAt":' .. expires .. '}')
   redis.call('HSET', keys[7], lease_id, cjson.encode(items))
   redis.call('ZADD', keys[3], expires, lease_id)
@@ -300,13 +300,18 @@ end
 -- and retries). Expired leases are left to the reaper: a grant's work is bounded by its own pairs.
 
 local function acquire(keys, args)
+  -- KEYS: the lease keys (leases, holds, expiry, fence, byagent, alive, covered, counts, xcounts)
   local now, agent, lease_id, mode, ttl = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5])
-  if args[8] ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= args[8] then
+  local lease_max, lease_json_tail, graph_version, max_holds = args[6], args[7], args[8], args[9]
+  local listed, pair_args = args[10], args[11]  -- the pairs start at PAIRS
+  if graph_version ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= graph_version then
     return cjson.encode({granted = false, stale = true})
   end
-  local room, items, above = tonumber(args[10]), items_of(args)
-  if mode == 'intent' then return intend(keys, args, items, agent, lease_id, now + ttl) end
-  local found, conflicting, cut, full, counted = survey(keys, agent, mode, now, room, tonumber(args[9]), items)
+  local room, items, above = tonumber(listed), items_of(args, pair_args)
+  if mode == 'intent' then
+    return intend(keys, now, {lease_max, max_holds}, lease_json_tail, items, agent, lease_id, now + ttl)
+  end
+  local found, conflicting, cut, full, counted = survey(keys, agent, mode, now, room, tonumber(max_holds), items)
   local more, more_cut = through(keys, agent, mode, now, room, above, found)
   conflicting, cut = conflicting + more, cut or more_cut
   redis.call('ZADD', keys[6], now, agent)
@@ -320,15 +325,15 @@ local function acquire(keys, args)
     reply.granted = false
     return cjson.encode(reply)
   end
-  if redis.call('ZCOUNT', keys[3], '(' .. now, '+inf') >= tonumber(args[6]) then
-    return redis.error_reply('FULL lease_limit ' .. args[6] .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
+  if redis.call('ZCOUNT', keys[3], '(' .. now, '+inf') >= tonumber(lease_max) then
+    return redis.error_reply('FULL lease_limit ' .. lease_max .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
   end
   if full then
-    return redis.error_reply('FULL entity_holds ' .. full .. ' already has ' .. args[9] ..
+    return redis.error_reply('FULL entity_holds ' .. full .. ' already has ' .. max_holds ..
                              ' live leases (MEMENTO_LEASE_MAX_HOLDS)')
   end
   local expires = now + ttl
-  reply.fencingToken = grant(keys, args, items, counted, agent, lease_id, mode, expires, room)
+  reply.fencingToken = grant(keys, lease_json_tail, items, counted, agent, lease_id, mode, expires, room)
   reply.granted, reply.expiresAt = true, expires
   keep(keys)
   return cjson.encode(reply)
@@ -350,10 +355,11 @@ end
 
 -- ARGV: now_ms, agent, lease_id, ttl_ms. The lease's holds and expiry move to now + ttl.
 local function renew(keys, args)
-  local now, agent, lease_id = tonumber(args[1]), args[2], args[3]
+  -- KEYS: the lease keys
+  local now, agent, lease_id, ttl = tonumber(args[1]), args[2], args[3], args[4]
   local raw, err, lease = owned(keys, agent, lease_id, now)
   if err then return err end
-  local expires = now + tonumber(args[4])
+  local expires = now + tonumber(ttl)
   -- The stored JSON ends with the expiry this Function wrote: replaced in place, nothing else re-encoded.
   local renewed = string.gsub(raw, '"expiresAt":%d+}$', '"expiresAt":' .. expires .. '}')
   redis.call('HSET', keys[1], lease_id, renewed)
@@ -371,9 +377,11 @@ end
 
 -- ARGV: now_ms, agent, lease_id. Returns the holds it removed, plus one (the caller paces by them).
 local function release(keys, args)
-  local _, err = owned(keys, args[2], args[3], tonumber(args[1]))
+  -- KEYS: the lease keys
+  local now, agent, lease_id = tonumber(args[1]), args[2], args[3]
+  local _, err = owned(keys, agent, lease_id, now)
   if err then return err end
-  return drop(keys, args[3])
+  return drop(keys, lease_id)
 end
 
 -- Ends the leases of one agent not seen for the grace while `budget` lasts; true once it has none left.
@@ -395,6 +403,7 @@ end
 -- seen, so each holder is in `alive`), removing at most REAP_BUDGET holds. ARGV: now_ms, grace_ms. Returns
 -- {expired, orphaned, more}: more is 1 when the budget ran out first (the caller calls again).
 local function reap(keys, args)
+  -- KEYS: the lease keys
   local now, grace = tonumber(args[1]), tonumber(args[2])
   local expired, spent, more = drop_expired(keys, now, REAP_BUDGET)
   local orphaned = 0
@@ -418,8 +427,10 @@ end
 -- (entityId, mode, holder, leaseId, via): exclusive ones first, then shared, each by latest end. Read only;
 -- an entity's zsets are read only when its counts say it has holds (most entities an emit names have none).
 local function holds(keys, args)
-  local out, from, entities = {}, '(' .. tonumber(args[1]), {}
-  for i = 2, #args do table.insert(entities, args[i]) end
+  -- KEYS: the lease keys
+  local now_ms, first = args[1], 2  -- the entity ids run from `first` to #args
+  local out, from, entities = {}, '(' .. tonumber(now_ms), {}
+  for i = first, #args do table.insert(entities, args[i]) end
   local totals, exclusives = read_counts(keys[8], entities), read_counts(keys[9], entities)
   for j, entity in ipairs(entities) do
     for _, mode in ipairs({'exclusive', 'shared'}) do
@@ -441,8 +452,10 @@ end
 -- KEYS = the lease keys; ARGV: now_ms, then entity ids. mc_holds' flat list, then each entity's live intents as
 -- (entityId, 'intent', holder, leaseId, ''). Read only: an intent's overlaps in one call.
 local function overlaps(keys, args)
-  local out, from = holds(keys, args), '(' .. tonumber(args[1])
-  for i = 2, #args do
+  -- KEYS: the lease keys
+  local now_ms, first = args[1], 2  -- the entity ids run from `first` to #args
+  local out, from = holds(keys, args), '(' .. tonumber(now_ms)
+  for i = first, #args do
     for _, member in ipairs(redis.call('ZRANGE', hold_key(keys, 'intent', args[i]), '+inf', from, 'BYSCORE', 'REV')) do
       local holder, lease_id = string.match(member, '^([^/]*)/([^/]*)/')
       for _, item in ipairs({args[i], 'intent', holder, lease_id, ''}) do table.insert(out, item) end
@@ -486,15 +499,17 @@ local function trim(keys, max)
 end
 
 local function send(keys, args)
-  local id, max, expires = args[1], tonumber(args[3]), tonumber(args[4])
+  -- KEYS: the mailbox's order, messages, acked
+  local id, message_json_tail, max, expires = args[1], args[2], tonumber(args[3]), tonumber(args[4])
+  local channel, method, push_json_tail = args[5], args[6], args[7]
   local state = redis.call('HMGET', keys[2], id, '#', '@')
   if state[1] then return {tonumber(string.match(state[1], '^{"seq":(%d+)')), 1, 0} end
   local seq = tonumber(state[2] or '0') + 1
-  local message = '{"seq":' .. seq .. ',' .. args[2]
+  local message = '{"seq":' .. seq .. ',' .. message_json_tail
   redis.call('HSET', keys[2], '#', seq, id, message)
-  local pushed = args[7] and ('{"seq":' .. seq .. ',' .. args[7]) or message
-  if args[5] ~= '' then -- '': stored only (the sender's own copy of what its reply already said)
-    redis.call('PUBLISH', args[5], '{"jsonrpc":"2.0","method":"' .. args[6] .. '","params":' .. pushed .. '}')
+  local pushed = push_json_tail and ('{"seq":' .. seq .. ',' .. push_json_tail) or message
+  if channel ~= '' then -- '': stored only (the sender's own copy of what its reply already said)
+    redis.call('PUBLISH', channel, '{"jsonrpc":"2.0","method":"' .. method .. '","params":' .. pushed .. '}')
   end
   redis.call('ZADD', keys[1], seq, id)
   local dropped = 0
@@ -510,28 +525,30 @@ end
 -- (`UNKNOWN <agent>`) and a send that would give the namespace more than mailboxes_max mailboxes (FULL), then
 -- registers the mailboxes and stores the content once, until the message expires. Writes nothing if refused.
 local function post(keys, args)
-  local sender, ends, max, now = args[1], tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
+  -- KEYS: body, boxes, known
+  local sender, content, ends, max, now = args[1], args[2], tonumber(args[3]), tonumber(args[4]), tonumber(args[5])
+  local check_known, first = args[6], 7  -- the recipients run from `first` to #args
   local held = redis.call('GET', keys[1])
   if held and string.match(held, '^{"from":"([^"]*)"') ~= sender then return 'TAKEN' end
-  if args[6] == '1' then
-    for i = 7, #args do
+  if check_known == '1' then
+    for i = first, #args do
       if not redis.call('ZSCORE', keys[3], args[i]) then return 'UNKNOWN ' .. args[i] end
     end
   end
   redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', now)
   local new = 0
-  for i = 7, #args do
+  for i = first, #args do
     if not redis.call('ZSCORE', keys[2], args[i]) then new = new + 1 end
   end
   if new > 0 and redis.call('ZCARD', keys[2]) + new > max then
     return redis.error_reply('FULL mailbox_limit ' .. max .. ' mailboxes in the namespace (MEMENTO_MAILBOXES_MAX)')
   end
-  for i = 7, #args do redis.call('ZADD', keys[2], 'GT', ends, args[i]) end
+  for i = first, #args do redis.call('ZADD', keys[2], 'GT', ends, args[i]) end
   if redis.call('EXPIRETIME', keys[2]) < ends + SLACK then redis.call('EXPIREAT', keys[2], ends + SLACK) end
   if held then -- a retry: its body lasts as long as its longest copy (a retry may give a longer ttl)
     redis.call('EXPIREAT', keys[1], ends + SLACK, 'GT')
   else
-    redis.call('SET', keys[1], args[2], 'EXAT', ends + SLACK)
+    redis.call('SET', keys[1], content, 'EXAT', ends + SLACK)
   end
   return 'OK'
 end
@@ -539,8 +556,10 @@ end
 -- ARGV: message ids. Marks those still stored as read; returns their ids. The acked set may be new (a trim
 -- can empty it): it gets the mailbox's keep-until expiry.
 local function ack(keys, args)
+  -- KEYS: the mailbox's order, messages, acked
+  local message_ids = args  -- every ARGV is a message id
   local count, acked = 0, {}
-  for _, id in ipairs(args) do
+  for _, id in ipairs(message_ids) do
     if redis.call('ZSCORE', keys[1], id) then
       redis.call('SADD', keys[3], id)
       count = count + 1
@@ -559,8 +578,10 @@ end
 -- moves the cursor past every message it looked at, in one call: two concurrent hooks of one agent never
 -- surface one message twice. The cursor lives as long as the mailbox.
 local function surface(keys, args)
+  -- KEYS: the mailbox's order, messages, acked, and its surfaced cursor
+  local limit = tonumber(args[1])
   local cursor = tonumber(redis.call('GET', keys[4]) or '0')
-  local found = redis.call('ZRANGEBYSCORE', keys[1], '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, tonumber(args[1]))
+  local found = redis.call('ZRANGEBYSCORE', keys[1], '(' .. cursor, '+inf', 'WITHSCORES', 'LIMIT', 0, limit)
   if #found == 0 then return {} end
   local out = {}
   for i = 1, #found, 2 do
@@ -582,10 +603,12 @@ end
 -- stage keeps its first time; a new one is pushed to the sender's channel as `mailbox.receipt`. Returns how
 -- many were new.
 local function receipt(keys, args)
+  -- KEYS: the messages' receipt hashes, one per message id
   local agent, stage, at, channel, ends = args[1], args[2], args[3], args[4], tonumber(args[5])
+  local first = 6  -- the message ids, one per key, run from `first` to #args
   local new = 0
   for i = 1, #keys do
-    local id = args[5 + i]
+    local id = args[first - 1 + i]
     if channel ~= '' then
       redis.call('HSETNX', keys[i], '#channel', channel)
       if redis.call('EXPIRETIME', keys[i]) < ends + SLACK then redis.call('EXPIREAT', keys[i], ends + SLACK) end
@@ -606,8 +629,10 @@ end
 -- newest exclusive grant of each entity. Raises the session's `!fence:<entityId>` fields (they cannot
 -- collide with event ids) to those tokens, so the emit Function refuses an older one.
 local function fence_sync(keys, args)
+  -- KEYS: session hash, idempotency hash
+  local first = 1  -- (entityId, token) pairs run from `first` to #args
   if redis.call('EXISTS', keys[1]) == 0 then return 0 end
-  for i = 1, #args, 2 do
+  for i = first, #args, 2 do
     local field = '!fence:' .. args[i]
     local current = tonumber(redis.call('HGET', keys[2], field) or '0')
     if tonumber(args[i + 1]) > current then redis.call('HSET', keys[2], field, args[i + 1]) end
@@ -619,7 +644,9 @@ end
 -- KEYS = {fence hash}; ARGV: a new graph version. The namespace's graph was written: grants expanded from
 -- an older version are refused from now on.
 local function graph_changed(keys, args)
-  redis.call('HSET', keys[1], GRAPH, args[1])
+  -- KEYS: fence hash
+  local graph_version = args[1]
+  redis.call('HSET', keys[1], GRAPH, graph_version)
   redis.call('EXPIRE', keys[1], KEEP)
   return 1
 end

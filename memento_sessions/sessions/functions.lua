@@ -36,31 +36,35 @@ end
 -- start_body, channel, sid_json, on_idle (optional: 'suspend' is kept in the hash for the lifecycle). A non-empty start_body is stored as seq 1 in the same call, so a create
 -- either makes the whole session or nothing.
 local function create(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local now_ms, ttl, agent, epoch, labels_json = args[1], args[2], args[3], args[4], args[5]
+  local announce_channel, announce_frame, parent, forked_at = args[6], args[7], args[8], args[9]
+  local start_body, channel, sid_json, on_idle = args[10], args[11], args[12], args[13]
   if redis.call('EXISTS', keys[1]) == 1 then return redis.error_reply('EXISTS session id is taken') end
-  local start = args[10] and args[10] ~= ''
-  local fields = {'state', 'working', 'seq', start and 1 or 0, 'createdAt', args[1], 'updatedAt', args[1],
-                  'ttl', args[2], 'epoch', args[4], 'labels', args[5], 'creator', args[3]}
-  if args[8] ~= '' then
-    table.insert(fields, 'parentSessionId'); table.insert(fields, args[8])
-    table.insert(fields, 'forkedAtSeq'); table.insert(fields, args[9])
+  local start = start_body and start_body ~= ''
+  local fields = {'state', 'working', 'seq', start and 1 or 0, 'createdAt', now_ms, 'updatedAt', now_ms,
+                  'ttl', ttl, 'epoch', epoch, 'labels', labels_json, 'creator', agent}
+  if parent ~= '' then
+    table.insert(fields, 'parentSessionId'); table.insert(fields, parent)
+    table.insert(fields, 'forkedAtSeq'); table.insert(fields, forked_at)
   end
   redis.call('HSET', keys[1], unpack(fields))
-  redis.call('SADD', keys[3], args[3])
-  if args[13] and args[13] ~= '' then redis.call('HSET', keys[1], 'onIdle', args[13]) end
+  redis.call('SADD', keys[3], agent)
+  if on_idle and on_idle ~= '' then redis.call('HSET', keys[1], 'onIdle', on_idle) end
   if start then
-    local member = '{"seq":1,' .. args[10]
+    local member = '{"seq":1,' .. start_body
     redis.call('ZADD', keys[2], 1, member)
-    publish_event(args[11], args[12], args[4], 1, member)
+    publish_event(channel, sid_json, epoch, 1, member)
   end
-  refresh(keys, tonumber(args[2]))
-  redis.call('PUBLISH', args[6], args[7])
-  return args[4]
+  refresh(keys, tonumber(ttl))
+  redis.call('PUBLISH', announce_channel, announce_frame)
+  return epoch
 end
 
 -- The seqs already stored under the batch's ids (one HMGET per 200), so no event needs a read of its own.
-local function known_ids(keys, args)
+local function known_ids(keys, args, first)
   local ids, known = {}, {}
-  for i = 6, #args, 3 do if args[i] ~= '' then table.insert(ids, args[i]) end end
+  for i = first, #args, 3 do if args[i] ~= '' then table.insert(ids, args[i]) end end
   for j = 1, #ids, 200 do
     local last = math.min(j + 199, #ids)
     local seqs = redis.call('HMGET', keys[4], unpack(ids, j, last))
@@ -70,9 +74,9 @@ local function known_ids(keys, args)
 end
 
 -- How many of the batch's events would be stored (not replays of an id already stored or earlier in it).
-local function fresh_count(args, known)
+local function fresh_count(args, first, known)
   local fresh, seen = 0, {}
-  for i = 6, #args, 3 do
+  for i = first, #args, 3 do
     local id = args[i]
     if id == '' then
       fresh = fresh + 1
@@ -87,13 +91,15 @@ end
 -- Index functions: KEYS = {namespace index}. Adds a session id unless the namespace holds max_sessions;
 -- ARGV: session_id, now_ms, max_sessions. Returns 1 when added, 0 when the id was already indexed.
 local function index_add(keys, args)
-  if redis.call('ZSCORE', keys[1], args[1]) then return 0 end
+  -- KEYS: namespace index
+  local session_id, now_ms, max_sessions = args[1], args[2], args[3]
+  if redis.call('ZSCORE', keys[1], session_id) then return 0 end
   local count = redis.call('ZCARD', keys[1])
-  if count >= tonumber(args[3]) then
-    return redis.error_reply('FULL namespace_full ' .. count .. ' live sessions; at most ' .. args[3] ..
+  if count >= tonumber(max_sessions) then
+    return redis.error_reply('FULL namespace_full ' .. count .. ' live sessions; at most ' .. max_sessions ..
                              ' (MEMENTO_NAMESPACE_MAX_SESSIONS)')
   end
-  redis.call('ZADD', keys[1], args[2], args[1])
+  redis.call('ZADD', keys[1], now_ms, session_id)
   return 1
 end
 
@@ -102,8 +108,8 @@ end
 -- mc_fence_sync before the emit) is refused: FULL stale_lease, and nothing is written. The marks are
 -- `!fence:<entityId>` fields of the ids hash (event ids never start with '!'). Events without the token
 -- cost one plain string search.
-local function stale_fence(keys, args)
-  for i = 6, #args, 3 do
+local function stale_fence(keys, args, first)
+  for i = first, #args, 3 do
     local body = args[i + 2]
     if string.find(body, '"fencingToken":', 1, true) then
       local event = cjson.decode('{' .. body)
@@ -127,19 +133,22 @@ end
 -- events it holds, a batch is one ZADD, one HSET of its ids and one of the session (fewer commands and
 -- fewer copies in the AOF); only the frames go out one per event, in order.
 local function emit(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local now_ms, actor, channel, sid_json, max_events = args[1], args[2], args[3], args[4], args[5]
+  local first = 6  -- the first event's id; (id, new_state, body) from there to #args
   local live = live_session(keys)
   if live.err then return live end
-  local known = known_ids(keys, args)
-  local fresh = fresh_count(args, known)
+  local known = known_ids(keys, args, first)
+  local fresh = fresh_count(args, first, known)
   local stored = redis.call('ZCARD', keys[2])
-  if fresh > 0 and stored + fresh > tonumber(args[5]) then
+  if fresh > 0 and stored + fresh > tonumber(max_events) then
     return redis.error_reply('FULL session_full ' .. stored .. ' events stored, ' .. fresh .. ' more; at most ' ..
-                             args[5] .. ' (MEMENTO_SESSION_MAX_EVENTS)')
+                             max_events .. ' (MEMENTO_SESSION_MAX_EVENTS)')
   end
-  local stale = stale_fence(keys, args)
+  local stale = stale_fence(keys, args, first)
   if stale then return stale end
   local seq, state, out, members, ids = live[4], nil, {}, {}, {}
-  for i = 6, #args, 3 do
+  for i = first, #args, 3 do
     local id = args[i]
     local prior = id ~= '' and known[id]
     if prior then  -- a replay of an id stored before, or earlier in this batch: its seq, nothing written
@@ -152,37 +161,41 @@ local function emit(keys, args)
       end
       local member = '{"seq":' .. seq .. ',' .. args[i + 2]
       table.insert(members, seq); table.insert(members, member)
-      publish_event(args[3], args[4], live[3], seq, member)
+      publish_event(channel, sid_json, live[3], seq, member)
       table.insert(out, seq); table.insert(out, 0)
       if args[i + 1] ~= '' then state = args[i + 1] end
     end
   end
   chunked('ZADD', keys[2], members)
   chunked('HSET', keys[4], ids)
-  redis.call('HSET', keys[1], 'seq', seq, 'state', state or live[1], 'updatedAt', args[1])
-  redis.call('SADD', keys[3], args[2])
+  redis.call('HSET', keys[1], 'seq', seq, 'state', state or live[1], 'updatedAt', now_ms)
+  redis.call('SADD', keys[3], actor)
   refresh(keys, live[2])
   return out
 end
 
--- Add (SADD) or remove (SREM) args[2] as an agent of the live session; ARGV: now_ms, agent
-local function membership(keys, args, command)
+-- Add (SADD) or remove (SREM) the agent as one of the live session's agents.
+local function membership(keys, command, now_ms, agent)
   local live = live_session(keys)
   if live.err then return live end
-  redis.call(command, keys[3], args[2])
-  redis.call('HSET', keys[1], 'updatedAt', args[1])
+  redis.call(command, keys[3], agent)
+  redis.call('HSET', keys[1], 'updatedAt', now_ms)
   refresh(keys, live[2])
   return live
 end
 
 local function join(keys, args)
-  local live = membership(keys, args, 'SADD')
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local now_ms, agent = args[1], args[2]
+  local live = membership(keys, 'SADD', now_ms, agent)
   if live.err then return live end
   return {live[1], live[4]}
 end
 
 local function leave(keys, args)
-  local live = membership(keys, args, 'SREM')
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local now_ms, agent = args[1], args[2]
+  local live = membership(keys, 'SREM', now_ms, agent)
   if live.err then return live end
   return live[1]
 end
@@ -190,15 +203,18 @@ end
 -- Record a checkpoint; when final, complete the session and shorten every key's TTL to the grace TTL.
 -- ARGV: now_ms, checkpoint_json, final (0/1), grace_ttl, channel, frame, announce_channel, announce_frame
 local function checkpoint(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local now_ms, checkpoint_json, final, grace_ttl = args[1], args[2], args[3], args[4]
+  local channel, frame, announce_channel, announce_frame = args[5], args[6], args[7], args[8]
   local state = redis.call('HGET', keys[1], 'state')
   if not state then return redis.error_reply('NOTFOUND session not found') end
-  redis.call('HSET', keys[1], 'lastCheckpoint', args[2], 'updatedAt', args[1])
-  if args[3] == '1' then
+  redis.call('HSET', keys[1], 'lastCheckpoint', checkpoint_json, 'updatedAt', now_ms)
+  if final == '1' then
     redis.call('HSET', keys[1], 'state', 'completed')
-    refresh(keys, tonumber(args[4]))
+    refresh(keys, tonumber(grace_ttl))
   end
-  redis.call(SESSION_PUBLISH, args[5], args[6])
-  redis.call('PUBLISH', args[7], args[8])
+  redis.call(SESSION_PUBLISH, channel, frame)
+  redis.call('PUBLISH', announce_channel, announce_frame)
   return state
 end
 
@@ -222,7 +238,9 @@ end
 
 -- ARGV: at_seq. Returns {seq, data} of the newest snapshot at or before at_seq, or {0, ''}.
 local function snapshot_at(keys, args)
-  local at, best = tonumber(args[1]), 0
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local at_seq = args[1]
+  local at, best = tonumber(at_seq), 0
   for _, s in ipairs(snap_seqs(keys)) do if s <= at and s > best then best = s end end
   if best == 0 then return {0, ''} end
   return {best, redis.call('HGET', keys[4], '~snap:' .. best)}
@@ -257,29 +275,32 @@ end
 -- max_bytes (optional).
 -- RETRY when a compaction removed events after `base` meanwhile (the fold may have missed some).
 local function snapshot(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local now_ms, seq, base, data, compact = args[1], tonumber(args[2]), tonumber(args[3]), args[4], args[5]
+  local max_snapshots, channel, frame = tonumber(args[6]), args[7], args[8]
+  local announce_channel, announce_frame, max_bytes = args[9], args[10], tonumber(args[11])
   local cur, compacted = unpack(redis.call('HMGET', keys[1], 'seq', 'compactedSeq'))
   if not cur then return redis.error_reply('NOTFOUND session not found') end
-  local seq, base = tonumber(args[2]), tonumber(args[3])
   compacted = tonumber(compacted or 0)
   if seq > tonumber(cur) then return redis.error_reply('CONFLICT snapshot beyond the session seq') end
   if compacted > base then return redis.error_reply('RETRY compacted meanwhile') end
   local seqs, present = snap_seqs(keys), false
   for _, s in ipairs(seqs) do if s == seq then present = true end end
   if not present then table.insert(seqs, seq); table.sort(seqs) end
-  redis.call('HSET', keys[4], '~snap:' .. seq, args[4])
+  redis.call('HSET', keys[4], '~snap:' .. seq, data)
   local removed = 0
-  if args[5] == '1' and seq > compacted then
+  if compact == '1' and seq > compacted then
     removed = redis.call('ZREMRANGEBYSCORE', keys[2], '-inf', seq)
     redis.call('HSET', keys[1], 'compactedSeq', seq)
     compacted = seq
   end
-  seqs = trim_snapshots(keys, seqs, tonumber(args[6]), compacted, tonumber(args[11]))
+  seqs = trim_snapshots(keys, seqs, max_snapshots, compacted, max_bytes)
   redis.call('HSET', keys[4], '~snaps', table.concat(seqs, ' '))
   local pttl = redis.call('PTTL', keys[1])
   if pttl > 0 then redis.call('PEXPIRE', keys[4], pttl) end
   if removed > 0 then
-    redis.call(SESSION_PUBLISH, args[7], args[8])
-    redis.call('PUBLISH', args[9], args[10])
+    redis.call(SESSION_PUBLISH, channel, frame)
+    redis.call('PUBLISH', announce_channel, announce_frame)
   end
   return removed
 end
@@ -292,30 +313,37 @@ end
 -- ARGV: token, ttl, start ('1': the id must be free, leftovers of a cut-short write are cleared), kind
 -- ('z': seq/member pairs of events, 'h': field/value pairs of the ids hash, 'a': agents), items.
 local function stage(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local token, ttl, start, kind = args[1], tonumber(args[2]), args[3], args[4]
+  local first = 5  -- the first item; items run from there to #args
   if redis.call('EXISTS', keys[1]) == 1 then return redis.error_reply('EXISTS session id is taken') end
-  if args[3] == '1' then
+  if start == '1' then
     redis.call('DEL', keys[2], keys[3], keys[4])
-  elseif redis.call('HGET', keys[4], '~staging') ~= args[1] then
+  elseif redis.call('HGET', keys[4], '~staging') ~= token then
     return redis.error_reply('RETRY another write of this session took over')
   end
-  redis.call('HSET', keys[4], '~staging', args[1])
-  local command = ({z = 'ZADD', h = 'HSET', a = 'SADD'})[args[4]]
-  local key = ({z = keys[2], h = keys[4], a = keys[3]})[args[4]]
+  redis.call('HSET', keys[4], '~staging', token)
+  local command = ({z = 'ZADD', h = 'HSET', a = 'SADD'})[kind]
+  local key = ({z = keys[2], h = keys[4], a = keys[3]})[kind]
   if command then
-    for j = 5, #args, 200 do redis.call(command, key, unpack(args, j, math.min(j + 199, #args))) end
+    for j = first, #args, 200 do redis.call(command, key, unpack(args, j, math.min(j + 199, #args))) end
   end
-  for i = 2, 4 do redis.call('EXPIRE', keys[i], tonumber(args[2])) end
+  for i = 2, 4 do redis.call('EXPIRE', keys[i], ttl) end
   return 1
 end
 
 -- ARGV: mode ('fork' | 'resume'), ttl, token, channel, frame, announce_channel, announce_frame, then the
 -- field/value pairs of the hash. A resume that finds the same session (epoch and seq) live already returns 0.
 local function restore(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local mode, ttl, token, channel, frame = args[1], tonumber(args[2]), args[3], args[4], args[5]
+  local announce_channel, announce_frame = args[6], args[7]
+  local first = 8  -- the first field of the hash; field/value pairs run from there to #args
   if redis.call('EXISTS', keys[1]) == 1 then
-    if args[1] ~= 'resume' then return redis.error_reply('EXISTS session id is taken') end
+    if mode ~= 'resume' then return redis.error_reply('EXISTS session id is taken') end
     local epoch, seq = unpack(redis.call('HMGET', keys[1], 'epoch', 'seq'))
     local same = 0
-    for j = 8, #args, 2 do
+    for j = first, #args, 2 do
       if (args[j] == 'epoch' and args[j + 1] == epoch) or (args[j] == 'seq' and args[j + 1] == seq) then
         same = same + 1
       end
@@ -323,14 +351,14 @@ local function restore(keys, args)
     if same == 2 then return 0 end
     return redis.error_reply('CONFLICT session is active')
   end
-  if redis.call('HGET', keys[4], '~staging') ~= args[3] then
+  if redis.call('HGET', keys[4], '~staging') ~= token then
     return redis.error_reply('RETRY another write of this session took over')
   end
   redis.call('HDEL', keys[4], '~staging')
-  for j = 8, #args, 200 do redis.call('HSET', keys[1], unpack(args, j, math.min(j + 199, #args))) end
-  refresh(keys, tonumber(args[2]))
-  redis.call(SESSION_PUBLISH, args[4], args[5])
-  redis.call('PUBLISH', args[6], args[7])
+  for j = first, #args, 200 do redis.call('HSET', keys[1], unpack(args, j, math.min(j + 199, #args))) end
+  refresh(keys, ttl)
+  redis.call(SESSION_PUBLISH, channel, frame)
+  redis.call('PUBLISH', announce_channel, announce_frame)
   return 1
 end
 
@@ -338,22 +366,28 @@ end
 -- same epoch, seq, updatedAt, compactedSeq and snapshots. ARGV: epoch, seq, updatedAt, compactedSeq, snaps,
 -- channel, frame, announce_channel, announce_frame. Returns 1 when removed, 0 when gone.
 local function suspend(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local epoch, seq, updated_at, compacted_seq, snaps = args[1], args[2], args[3], args[4], args[5]
+  local channel, frame, announce_channel, announce_frame = args[6], args[7], args[8], args[9]
+  local stored = {epoch, seq, updated_at, compacted_seq, snaps}
   local now = redis.call('HMGET', keys[1], 'epoch', 'seq', 'updatedAt', 'compactedSeq')
   if not now[1] then return 0 end
   now[5] = redis.call('HGET', keys[4], '~snaps')
   for i = 1, 5 do
-    if (now[i] or '') ~= args[i] then return redis.error_reply('RETRY the session moved on') end
+    if (now[i] or '') ~= stored[i] then return redis.error_reply('RETRY the session moved on') end
   end
   redis.call('DEL', keys[1], keys[2], keys[3], keys[4])
-  redis.call(SESSION_PUBLISH, args[6], args[7])
-  redis.call('PUBLISH', args[8], args[9])
+  redis.call(SESSION_PUBLISH, channel, frame)
+  redis.call('PUBLISH', announce_channel, announce_frame)
   return 1
 end
 
 -- Remove a session just made under an id that Postgres turned out to hold, only if it is still that
 -- session (ARGV: its epoch). Returns 1 when removed.
 local function withdraw(keys, args)
-  if redis.call('HGET', keys[1], 'epoch') ~= args[1] then return 0 end
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local epoch = args[1]
+  if redis.call('HGET', keys[1], 'epoch') ~= epoch then return 0 end
   redis.call('DEL', keys[1], keys[2], keys[3], keys[4])
   return 1
 end
@@ -363,11 +397,13 @@ end
 -- only if it is still the one the caller found rewound (ARGV: that epoch, the new one), so daemons that find
 -- the same rewind together move it once. Returns the epoch of now.
 local function rewind(keys, args)
+  -- KEYS: session hash, events zset, agents set, ids hash
+  local rewound_epoch, new_epoch = args[1], args[2]
   local epoch = redis.call('HGET', keys[1], 'epoch')
   if not epoch then return redis.error_reply('NOTFOUND session not found') end
-  if epoch ~= args[1] then return epoch end
-  redis.call('HSET', keys[1], 'epoch', args[2])
-  return args[2]
+  if epoch ~= rewound_epoch then return epoch end
+  redis.call('HSET', keys[1], 'epoch', new_epoch)
+  return new_epoch
 end
 
 redis.register_function{function_name='ms_snapshot_at', callback=snapshot_at, flags={'no-writes'}}

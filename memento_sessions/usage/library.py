@@ -22,28 +22,29 @@ LIBRARY = """\
 -- Returns JSON {applied: {model: {field: delta}}, new: [[run id, start ms]]} ({duplicate: true} for a request
 -- seen), or false without the session.
 local function fold(keys, args)
+  -- KEYS: session, totals, runs, order, starts, series, agents, seen (the last two may be absent; see above)
   local session, totals, runs, order, starts, series = keys[1], keys[2], keys[3], keys[4], keys[5], keys[6]
+  local agents, seen = keys[7], keys[8]
   local source, keep, ttl, series_keep = args[1], tonumber(args[2]), tonumber(args[3]), tonumber(args[4])
+  local ops_json, agent, agents_kept, request = args[5], args[6], args[7], args[8]
+  local now, window, requests_kept = tonumber(args[9]), tonumber(args[10]), args[11]
   if redis.call('EXISTS', session) == 0 then return false end
-  local seen, request = keys[8], args[8]
   if seen and request and request ~= '' then
-    local now, window = tonumber(args[9]), tonumber(args[10])
     redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - window)
     if redis.call('ZSCORE', seen, request) then return cjson.encode({duplicate = true}) end
     redis.call('ZADD', seen, now, request)
-    local extra = redis.call('ZCARD', seen) - tonumber(args[11])
+    local extra = redis.call('ZCARD', seen) - tonumber(requests_kept)
     if extra > 0 then redis.call('ZREMRANGEBYRANK', seen, 0, extra - 1) end
     redis.call('PEXPIRE', seen, window)
   end
-  local ops = cjson.decode(args[5])
+  local ops = cjson.decode(ops_json)
   local TOKENS = {'inputTokens', 'outputTokens', 'cacheReadTokens', 'cacheCreationTokens'}
   local SHORT = {inputTokens = 'in', outputTokens = 'out', cacheReadTokens = 'cr', cacheCreationTokens = 'cc'}
   local rows, dirty, applied, fresh = {}, {}, {}, {}
-  local agents, agent = keys[7], args[6]
   if not agents or not agent or agent == '' then
     agent = nil
   elseif redis.call('HEXISTS', agents, agent .. ' seen') == 0 then
-    if tonumber(redis.call('HGET', agents, '#agents') or '0') >= tonumber(args[7]) then
+    if tonumber(redis.call('HGET', agents, '#agents') or '0') >= tonumber(agents_kept) then
       agent = nil
     else
       redis.call('HSET', agents, agent .. ' seen', 1)
