@@ -241,8 +241,9 @@ def foreign_ids(rng: random.Random, t: Target) -> Frame:
 def unknown_method(rng: random.Random, t: Target) -> Frame:
     """Names no method has: near misses, internals, empty, long, odd characters."""
     name = rng.choice(["", " ", "event.emit ", "EVENT.EMIT", "event", "session.", "__init__", "registry.call",
-                       "rpc.discover", "session.create\x00", "ßession.get", "a" * rng.randrange(200, 5_000),
-                       "event.emit.emit", "../session.get", "session.get\n", "handle_frame"])
+                       "rpc.describe", "rpc.discover.x", "session.create\x00", "ßession.get",
+                       "a" * rng.randrange(200, 5_000), "event.emit.emit", "../session.get", "session.get\n",
+                       "handle_frame"])
     return Frame("unknown_method", dumps(request(rng, name, {})), "error", frozenset({-32601}))
 
 
