@@ -229,14 +229,18 @@ async def test_another_namespace_emits_stay_fast_while_one_tenant_runs_heavy_sha
             tg.start_soon(heavy, holders[50])
             while len(acquired) < 2:
                 await anyio.sleep(0.01)
-            for i in range(40):
-                started = time.perf_counter()
-                await other.call("event.emit", {"sessionId": sid, "event": {"type": "note", "data": {"i": i}}})
-                emits.append(time.perf_counter() - started)
+            # At least 40 emits, and on until 4 more acquires ran beside them (on a quick host 40 emits can
+            # outrun the 3rd); bounded in time all the same.
+            with anyio.fail_after(120):
+                while len(emits) < 40 or len(acquired) < 6:
+                    started = time.perf_counter()
+                    await other.call("event.emit", {"sessionId": sid,
+                                                    "event": {"type": "note", "data": {"i": len(emits)}}})
+                    emits.append(time.perf_counter() - started)
             tg.cancel_scope.cancel()
     print(f"heavy acquires: {len(acquired)}, median {statistics.median(acquired) * 1000:.1f} ms; other tenant's "
           f"emit median {statistics.median(emits) * 1000:.1f} ms, max {max(emits) * 1000:.1f} ms")
-    assert len(acquired) >= 4 and statistics.median(emits) < 0.15
+    assert len(acquired) >= 6 and statistics.median(emits) < 0.15
     assert lease["coversOmitted"] == 4032 - 256 and len(lease["covers"]) == 256  # MEMENTO_LEASE_REPLY_MAX
 
 
