@@ -26,7 +26,7 @@ async def measure(env: Env) -> list[Figure]:
             await holder.call("lease.acquire", {"entityIds": [entity], "ttl": 600, "mode": "shared"})
         intents = await timed(len(picks), lambda i: planner.call("lease.acquire", {
             "entityIds": [picks[i]], "ttl": 60, "mode": "intent"}), remote=True)
-    bare = await timed(len(picks), lambda i: env.redis.execute_command(  # type: ignore[no-untyped-call]
+    bare = await timed(len(picks), lambda i: env.falkordb.execute_command(  # type: ignore[no-untyped-call]
         "GRAPH.RO_QUERY", graph_name, cypher.query(query, {"ids": [picks[i]]}), "--compact"), remote=True)
     extra = latency_extra(intents, bare)
     return [Figure(f"lease.acquire intent, depth-2 overlaps, p99 {SHAPE}", "ms", pct(intents, 0.99), pct(bare, 0.99),
