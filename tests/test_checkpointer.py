@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
 from tests.helpers import falkordb_url, make_settings, sample, token
 from tests.rpcsocket import rpc
+from tests.test_fairness import loop_gaps
 
 pytestmark = pytest.mark.anyio
 GRAPH_PREFIX = "memento"
@@ -219,21 +219,8 @@ async def test_a_checkpoint_of_a_huge_window_lets_other_work_run(backend_urls: E
                   for i in range(500)]
         for half in (events[:250], events[250:]):
             await a.call("event.emitBatch", {"sessionId": sid, "events": half})
-        gaps: list[float] = []
-        done = anyio.Event()
-
-        async def tick() -> None:  # CPU seconds of this thread between two turns: the host's pauses do not count
-            last = time.thread_time()
-            while not done.is_set():
-                await anyio.sleep(0.001)
-                now = time.thread_time()
-                gaps.append(now - last)
-                last = now
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(tick)
+        async with loop_gaps() as gaps:
             result = await a.call("session.checkpoint", {"sessionId": sid})
-            done.set()
     assert result["entityIds"] == sorted(f"n{i:03d}.{j:03d}" for i in range(8) for j in range(256))
     assert result["entitiesSkipped"] == 128_000 - 2048
     assert max(gaps) < 0.05, f"the event loop waited {max(gaps) * 1000:.0f} ms on the checkpoint"
