@@ -138,6 +138,17 @@ async def stored_events(peer: RpcSocket, sid: str) -> list[dict[str, Any]]:
         since = page["nextSince"]
 
 
+async def stored_and_followed(peer: RpcSocket, sids: list[str],
+                              received: dict[str, list[int]]) -> dict[str, list[dict[str, Any]]]:
+    """Each session's stored events, once the subscriber got up to the last of them (or 20 s passed)."""
+    stored = {sid: await stored_events(peer, sid) for sid in sids}
+    last = {sid: events[-1]["seq"] if events else 0 for sid, events in stored.items()}
+    with anyio.move_on_after(20):
+        while any((received[sid] or [0])[-1] < last[sid] for sid in sids):
+            await anyio.sleep(0.1)
+    return stored
+
+
 @pytest.mark.parametrize("acks", [1, 0])
 async def test_a_primary_sigkilled_mid_stream_and_its_replica_promoted(
         replicated: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str, acks: int) -> None:
@@ -171,11 +182,7 @@ async def test_a_primary_sigkilled_mid_stream_and_its_replica_promoted(
                 promoted = replicated.port_of(keys.session_keys(namespace, sids[0]).session)
                 await anyio.sleep(2.0)
                 stop.set()
-            stored = {sid: await stored_events(writers[0], sid) for sid in sids}
-            last = {sid: events[-1]["seq"] if events else 0 for sid, events in stored.items()}
-            with anyio.move_on_after(20):
-                while any((received[sid] or [0])[-1] < last[sid] for sid in sids):
-                    await anyio.sleep(0.1)
+            stored = await stored_and_followed(writers[0], sids, received)
             done.set()
             tg.cancel_scope.cancel()
     assert promoted != victim
@@ -241,11 +248,7 @@ async def test_a_slot_holding_live_sessions_migrated_mid_stream(
                 await anyio.to_thread.run_sync(migrate_slot, replicated, slot, target, report)
                 await anyio.sleep(1.5)
                 stop.set()
-            stored = {sid: await stored_events(writers[0], sid) for sid in sids}
-            last = {sid: events[-1]["seq"] if events else 0 for sid, events in stored.items()}
-            with anyio.move_on_after(20):
-                while any((received[sid] or [0])[-1] < last[sid] for sid in sids):
-                    await anyio.sleep(0.1)
+            stored = await stored_and_followed(writers[0], sids, received)
             done.set()
             tg.cancel_scope.cancel()
     assert replicated.port_of(keys.session_keys(namespace, movers[0]).session) == target
