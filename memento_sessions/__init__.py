@@ -3,14 +3,22 @@
 The package is laid out by stage; a package imports only from the ones before it in this order
 (tests/test_layout.py checks it; docs/layout.md says why):
 
-    the shared ground (this root: settings, errors, auth, keys, metrics, logs, rpc, backends,
-    ratelimit, pacing, endpoints)
-    <- ingest/ (pure: imports nothing of the package)
-    <- redisio/ (with the leaves embedded/, client/, dashboard/)
-    <- sessions/ <- kg/ <- checkpoints/ <- bridge/ <- ws/ and mcp/ <- server/ <- cli.py and the cli_*.py commands
+    the shared ground (this root: settings, errors, auth, keys, logs, metrics, rpc, limits, retry,
+      backends, endpoints)
+    <- ingest/            (pure converters and the conversation reducer: imports nothing of the package)
+    <- redisio/, embedded/, client/, dashboard/, usage/
+    <- sessions/          (live sessions: the Redis Function library and the SessionManager)
+    <- history/           (event sourcing: time travel, diff, snapshots, compaction)
+    <- lifecycle/         (suspend to Postgres and resume, fork, stored sessions read)
+    <- kg/                (the knowledge graph in FalkorDB)
+    <- checkpoints/, coordination/
+    <- bridge/            (what broke where, what an agent did, handoffs)
+    <- api/               (every JSON-RPC method declared once)
+    <- ws/, mcp/          (the two transports)
+    <- server/            (the daemon)
+    <- cli/               (the command line)
 
-Modules here may import only each other and third-party libraries, never a subpackage (cli.py and
-cli_*.py, the command line over everything, are the exception).
+Modules here may import only each other and third-party libraries, never a subpackage.
 """
 
 

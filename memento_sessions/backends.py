@@ -1,11 +1,19 @@
-"""Connections to Redis, FalkorDB and Postgres, opened once and shared by every service."""
+"""Connections to Redis, FalkorDB and Postgres, opened once and shared by every service, and the Postgres
+schema's migrations.
+
+Migrations: Postgres schema versions: one table records them for every store, one advisory lock serialises changes.
+
+Each store (checkpoints' failure snapshots, sessions' suspended sessions) keeps its own numbered migrations
+(versions of its own range) and applies the missing ones at start; several daemons starting at once apply
+each version once, since the lock is held for the whole transaction.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import asyncpg
@@ -20,10 +28,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from memento_sessions import keys
-from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
-from memento_sessions.settings import Settings
+from memento_sessions.settings import ClusterUrl, Settings, is_cluster
+
+if TYPE_CHECKING:
+    from asyncpg.pool import PoolConnectionProxy
+
+    Connection = PoolConnectionProxy[asyncpg.Record]
 
 log = get_logger(__name__)
 
@@ -229,3 +241,67 @@ async def open_backends(settings: Settings, redis_url: str, postgres_dsn: str | 
         await backends.postgres.close()
         await backends.redis.aclose()
         await backends.falkordb.connection.aclose()
+
+
+# Postgres schema migrations.
+
+Migration = tuple[int, tuple[str, ...]]
+
+SCHEMA_LOCK = 0x6D656D656E746F01  # advisory lock key held while changing the schema or partitions
+LOCK_SCHEMA = "SELECT pg_advisory_xact_lock($1)"
+CREATE_MIGRATIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS memento_schema_migrations (
+    version integer PRIMARY KEY,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)"""
+APPLIED_VERSIONS = "SELECT version FROM memento_schema_migrations"
+RECORD_VERSION = "INSERT INTO memento_schema_migrations (version) VALUES ($1) ON CONFLICT DO NOTHING"
+
+
+async def apply_missing(conn: Connection, migrations: Sequence[Migration]) -> None:
+    """Apply the versions not yet recorded, in order, under the schema lock (call inside a transaction)."""
+    await conn.execute(LOCK_SCHEMA, SCHEMA_LOCK)
+    await conn.execute(CREATE_MIGRATIONS_TABLE)
+    applied = {row["version"] for row in await conn.fetch(APPLIED_VERSIONS)}
+    for version, statements in migrations:
+        if version not in applied:
+            await apply(conn, version, statements)
+
+
+async def apply(conn: Connection, version: int, statements: tuple[str, ...]) -> None:
+    """Run one migration's statements and record its version."""
+    for statement in statements:
+        await conn.execute(statement)
+    await conn.execute(RECORD_VERSION, version)
+    log.info("postgres schema migrated", version=version)
+
+
+async def migrate(postgres: Postgres, migrations: Sequence[Migration]) -> None:
+    """Apply a store's missing migrations in one transaction on the daemon's Postgres."""
+    pool = await postgres.pool()
+    async with pool.acquire() as conn, conn.transaction():
+        await apply_missing(conn, migrations)
+
+
+class MigratedStore:
+    """A store over the daemon's (lazily connected) Postgres whose schema is migrated on first use.
+
+    Shared by the suspended sessions' table (lifecycle/postgres.py) and the failure snapshots'
+    (checkpoints/snapshots.py): one place for "migrate once per process, safely while other daemons do
+    the same".
+    """
+
+    def __init__(self, postgres: Postgres, migrations: tuple[Migration, ...]) -> None:
+        self.postgres, self.migrations = postgres, migrations
+        self._migrated = False
+
+    async def migrate(self) -> None:
+        """Create or upgrade the schema; safe while another daemon does the same."""
+        if self._migrated:
+            return
+        await migrate(self.postgres, self.migrations)
+        await self.migrated()
+        self._migrated = True
+
+    async def migrated(self) -> None:
+        """What a store prepares once its schema is current (nothing here)."""

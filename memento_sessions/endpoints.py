@@ -1,7 +1,7 @@
 """Where the backends are: configured URLs, or the embedded servers the daemon runs.
 
 A running daemon writes `<data dir>/runtime.json` in every mode: its port, so that every command finds it
-(cli_wire.daemon_url), and, when it runs embedded servers, their URLs, so that `check`, `prune`, `kg load`
+(cli/wire.py\'s daemon_url), and, when it runs embedded servers, their URLs, so that `check`, `prune`, `kg load`
 and `mcp` reach the same servers without being told their ports.
 """
 

@@ -21,12 +21,18 @@ Driver errors become BackendUnavailable in one place, memento_sessions.backends 
 a Redis Cluster of which no node answers is one of them, ClusterUnreachable there).
 The client's own errors (a lost connection, a request timeout ...) are in memento_sessions.client.errors.
 `Reason` lists every `data.reason` a client may branch on.
+
+MAX_FRAME is the wire's one fixed limit, shared by the daemon (which enforces it: a larger message closes
+the connection) and the client (which checks a request against it before sending, so that it gets an
+error rather than a closed connection).
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
 from typing import Any
+
+MAX_FRAME = 1024 * 1024  # bytes of a WebSocket message to the daemon; a larger one closes the connection (1009)
 
 
 class Reason(StrEnum):

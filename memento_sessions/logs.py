@@ -3,6 +3,8 @@
 The libraries' stdlib loggers (uvicorn, the MCP SDK, asyncpg) go through the same renderer, so with
 JSON logs every line is one JSON object, a traceback inside it (`exception`). A client that goes away
 mid-request is one debug line, not uvicorn's "Exception in ASGI application" traceback.
+
+`one_pass` is how every background loop of the daemon tells a failed pass, and goes on.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import structlog
 
@@ -142,3 +146,31 @@ class _Stderr:
 
     def flush(self) -> None:
         sys.stderr.flush()
+
+
+# The daemon's background loops go on after a failed pass. Each loop (the index janitor, the lifecycle's
+# idle and archive pass, the snapshot flush, the lease reaper, retention) runs one pass, sleeps, and runs
+# the next. A pass that raises must not end the loop: the loops run in the daemon's task group, so one
+# escaped exception would stop the whole daemon for a blip that the next pass would have ridden out.
+# `one_pass` is the one place that decides how a failed pass is told: briefly away backends as a warning,
+# anything else with its traceback.
+
+_loop_log = get_logger(__name__)
+T = TypeVar("T")
+
+
+async def one_pass(job: Callable[[], Awaitable[T]], what: str,
+                   expected: tuple[type[BaseException], ...] = ()) -> T | None:
+    """`job()`'s result, or None when it failed (logged; the loop's next pass tries again).
+
+    An `expected` error (a backend briefly away) is a warning without traceback; any other Exception is
+    a bug and is logged with its traceback. Cancellation is not an Exception and passes through, so a
+    stopping daemon still stops.
+    """
+    try:
+        return await job()
+    except expected as exc:
+        _loop_log.warning("background pass failed; the next pass tries again", job=what, error=repr(exc))
+    except Exception:
+        _loop_log.exception("background pass failed unexpectedly; the next pass tries again", job=what)
+    return None

@@ -27,9 +27,9 @@ from memento_sessions.errors import (
     Reason,
     RpcError,
 )
+from memento_sessions.limits import TokenBucket
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
-from memento_sessions.ratelimit import TokenBucket
 
 log = get_logger(__name__)
 P = TypeVar("P", bound=BaseModel)

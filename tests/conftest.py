@@ -25,14 +25,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from memento_sessions.backends import Backends, cluster_client, open_backends
-from memento_sessions.cluster_url import ClusterUrl
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.redis import EmbeddedRedis
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.kg.graph import Graph, Graphs
 from memento_sessions.logs import configure_logging
 from memento_sessions.server.daemon import Daemon, running
-from memento_sessions.settings import Settings
+from memento_sessions.settings import ClusterUrl, Settings
 from tests.cluster import LocalCluster
 from tests.helpers import FALKORDB as _FALKORDB
 from tests.helpers import SECRET as SECRET  # re-exported: tests import these from conftest too

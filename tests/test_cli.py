@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from memento_sessions.auth import verify_token
-from memento_sessions.cli import build_parser, main
+from memento_sessions.cli import main
+from memento_sessions.cli.commands import build_parser
 from memento_sessions.embedded.datadir import auth_secret
 from tests.helpers import SECRET
 

@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from memento_sessions.cli import main
-from memento_sessions.cli_wire import daemon_url
+from memento_sessions.cli.wire import daemon_url
 from memento_sessions.client import Client
 from memento_sessions.embedded.process import free_port
 from memento_sessions.server.daemon import Daemon, running

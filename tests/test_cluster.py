@@ -330,7 +330,7 @@ def test_serve_with_a_bad_cluster_url_exits_before_starting_any_server(tmp_path:
 
 
 def test_cluster_url_nodes_and_credentials() -> None:
-    from memento_sessions.cluster_url import ClusterUrl
+    from memento_sessions.settings import ClusterUrl
     parsed = ClusterUrl.parse("redis+cluster://u:p%40ss@10.0.0.1:7000,[::1]:7001,redis-0.redis:6379/0")
     assert parsed == ClusterUrl((("10.0.0.1", 7000), ("::1", 7001), ("redis-0.redis", 6379)), "u", "p@ss")
     assert parsed.node_url("10.0.0.1", 7000) == "redis://u:p%40ss@10.0.0.1:7000/0"

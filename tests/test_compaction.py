@@ -14,9 +14,9 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import Conflict
+from memento_sessions.history.views import History, compaction_limit
 from memento_sessions.server.daemon import running
 from memento_sessions.sessions.condense import Condenser
-from memento_sessions.sessions.history import History, compaction_limit
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
 from memento_sessions.settings import Settings

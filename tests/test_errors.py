@@ -17,7 +17,7 @@ from memento_sessions.kg.loader import BadRecord
 
 def defined_exceptions() -> dict[str, type[errors.MementoError]]:
     """module:name -> class, for every MementoError defined in the package outside the client (whose errors are
-    its own, client/errors.py) and the hook's stdlib-only wire (cli_wire.py imports nothing of the package)."""
+    its own, client/errors.py) and the hook's stdlib-only wire (cli/wire.py imports nothing of the package)."""
     found: dict[str, type[errors.MementoError]] = {}
     for info in pkgutil.walk_packages(memento_sessions.__path__, "memento_sessions."):
         if info.name.startswith("memento_sessions.client") or info.name.endswith("__main__"):

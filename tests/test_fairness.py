@@ -17,7 +17,7 @@ import pytest
 from memento_sessions.auth import Identity
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.pacing import Pacer
+from memento_sessions.limits import Pacer
 from memento_sessions.rpc import Call, Registry, prepare, prepare_in_parts
 from memento_sessions.server.daemon import Daemon, running, settle_gc
 from memento_sessions.sessions.methods import EmitBatchParams

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from memento_sessions import keys
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from memento_sessions.sessions.store import FunctionStore
+from memento_sessions.sessions.functions import FunctionStore
 from tests.helpers import make_settings, sample, token
 from tests.rpcsocket import rpc
 

@@ -14,10 +14,10 @@ from typing import Any
 import anyio
 import pytest
 
-from memento_sessions.cli_stamp import wait_for_children
+from memento_sessions.cli.gitstate import DEFERRED, FIELD, stamp, state
+from memento_sessions.cli.stamp import wait_for_children
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.gitstate import DEFERRED, FIELD, stamp, state
 from memento_sessions.server.daemon import Daemon, running
 from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
@@ -203,5 +203,5 @@ def test_the_session_start_hook_runs_no_git_itself(tmp_path: Path, namespace: st
            "PYTHONPROFILEIMPORTTIME": "1"}
     done = run_hook(env, {"session_id": "claude-lean", "hook_event_name": "SessionStart", "cwd": str(repo)})
     imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
-    assert done.returncode == 0 and "memento_sessions.cli_stamp" in imported
+    assert done.returncode == 0 and "memento_sessions.cli.stamp" in imported
     assert imported & {"subprocess", "select"} == set()

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
-from memento_sessions.cli_wire import Wire, WireError, quote, split_url
+from memento_sessions.cli.wire import Wire, WireError, quote, split_url
 from memento_sessions.client import Client
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
@@ -129,7 +129,7 @@ def test_the_hook_imports_nothing_heavy(tmp_path: Path, namespace: str) -> None:
     for variables, lean in ((env, heavy), (spooling, only_spooling)):
         done = run_hook(variables, hook_input("claude-3", 0))
         imported = {line.split("|")[-1].strip() for line in done.stderr.decode().splitlines() if "|" in line}
-        assert done.returncode == 0 and "memento_sessions.cli_hook" in imported
+        assert done.returncode == 0 and "memento_sessions.cli.hook" in imported
         assert imported & lean == set()
 
 
@@ -152,7 +152,7 @@ def test_the_hook_process_costs_little_beyond_the_interpreter(tmp_path: Path, na
 
 
 def test_the_wire_reads_a_url_and_quotes_a_token_as_urllib_does() -> None:
-    """cli_wire parses MEMENTO_URL and quotes the token itself (urllib.parse pulls ipaddress into the hook):
+    """cli/wire.py parses MEMENTO_URL and quotes the token itself (urllib.parse pulls ipaddress into the hook):
     the same host, port and path as urlsplit, the same text as quote."""
     for url in ("ws://127.0.0.1:8765/ws", "wss://memento.example.com/ws", "ws://[::1]:9000/x/ws?a=1#f",
                 "ws://user:pw@host:81", "WSS://Host.example/", "ws://localhost:1"):

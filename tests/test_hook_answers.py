@@ -21,8 +21,8 @@ import anyio
 import pytest
 from websockets.asyncio.client import connect
 
-from memento_sessions import cli_hook
 from memento_sessions.backends import Backends
+from memento_sessions.cli import hook as cli_hook
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.ingest.claude_hooks import HOOK_EVENTS
 from memento_sessions.server.daemon import Daemon, running

@@ -1,5 +1,5 @@
 """The command hook's one round trip: with nothing else spooled it POSTs the input to /hooks/claude-code, which
-records it with the spool's read time and root and answers; its lean JSON (cli_json) is json's."""
+records it with the spool's read time and root and answers; its lean JSON (cli/fastjson.py) is json's."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
-from memento_sessions import cli_json
+from memento_sessions.cli import fastjson
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import running
@@ -40,7 +40,7 @@ async def test_an_answered_edit_takes_one_post_and_converts_nothing_in_the_hook(
         done = await anyio.to_thread.run_sync(run_hook, traced, hook_input("claude-bbbb", 0))
         said = json.loads(done.stdout)
         assert "claude:claudeaa" in said["hookSpecificOutput"]["additionalContext"]
-        lean = {"memento_sessions.ingest.claude_hooks", "json", "re", "enum", "typing", "memento_sessions.cli_pipeline"}
+        lean = {"memento_sessions.ingest.claude_hooks", "json", "re", "enum", "typing", "memento_sessions.cli.pipeline"}
         assert done.returncode == 0 and imports(done.stderr) & lean == set()
         assert (tmp_path / "hook-spool" / "spool.jsonl").read_text() == ""  # delivered by the POST
         events = await stored(daemon.port, namespace, "claude-bbbb")
@@ -76,10 +76,10 @@ async def test_a_backlog_goes_by_the_websocket_in_order_then_the_post_path_again
     [], {}, "text", 3, -0.0, 1e16, [[[]]], {"k": "\U0001f600 emoji", "n": 12345678901234567890},
 ])
 def test_the_lean_json_is_the_json_package_s(value: Any) -> None:
-    text = cli_json.dumps(value)
+    text = fastjson.dumps(value)
     assert text == json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-    assert cli_json.loads(text) == json.loads(text) == value
-    assert cli_json.loads(f" \n{text}\t".encode()) == value
+    assert fastjson.loads(text) == json.loads(text) == value
+    assert fastjson.loads(f" \n{text}\t".encode()) == value
 
 
 def test_the_lean_json_refuses_what_json_refuses() -> None:
@@ -87,7 +87,7 @@ def test_the_lean_json_refuses_what_json_refuses() -> None:
         with pytest.raises(ValueError):
             json.loads(bad)
         with pytest.raises(ValueError):
-            cli_json.loads(bad)
-    assert math.isinf(cli_json.loads("Infinity")) and cli_json.dumps(float("nan")) == "NaN"
+            fastjson.loads(bad)
+    assert math.isinf(fastjson.loads("Infinity")) and fastjson.dumps(float("nan")) == "NaN"
     with pytest.raises(TypeError):
-        cli_json.dumps({"a": object()})
+        fastjson.dumps({"a": object()})

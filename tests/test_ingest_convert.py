@@ -251,7 +251,7 @@ def test_values_no_backend_can_store_are_replaced() -> None:
 def test_the_ingest_commands_fast_parser_and_encoder_give_the_same_events_as_the_standard_librarys() -> None:
     """`memento-sessions ingest` parses and checks with pydantic-core, which writes NaN and Infinity where the
     standard library's strict encoder refuses them: the events must come out the same, every value storable."""
-    from memento_sessions.cli_ingest import encode_fast, parse_fast
+    from memento_sessions.cli.ingest import encode_fast, parse_fast
     from memento_sessions.ingest import LineReader
 
     awkward = [use("a1", "n1", "Write", {"file_path": f"{ROOT}/a.py", "content": "x\x00y", "n": float("nan")}),
@@ -280,7 +280,7 @@ def test_the_ingest_commands_fast_parser_and_encoder_give_the_same_events_as_the
 
 def test_an_input_read_a_chunk_at_a_time_gives_the_lines_one_read_would(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from memento_sessions import cli_ingest
+    from memento_sessions.cli import ingest as cli_ingest
 
     path = tmp_path / "t.jsonl"
     for data in (b'{"a": 1}\n\n{"b": "x\xe2\x80\xa8y"}\r\n{"c"', b'{"a": 1}\n{"b": 2}\n', b"", b"\n\n"):
@@ -294,7 +294,7 @@ def test_the_ingest_command_cuts_lines_at_newlines_only_and_reads_bad_utf8_as_re
         tmp_path: Path) -> None:
     """`memento-sessions ingest` reads bytes: a raw U+2028 or NEL inside a JSON string (where str.splitlines cuts)
     keeps its record whole; a byte that is not UTF-8 reads as U+FFFD, as when the file was decoded first."""
-    from memento_sessions.cli_ingest import encode_fast, parse_fast, read_input
+    from memento_sessions.cli.ingest import encode_fast, parse_fast, read_input
     from memento_sessions.ingest import LineReader
 
     first = json.dumps(record("user", "u1", "one\u2028two\x85three"), ensure_ascii=False).encode()

@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-from memento_sessions.cli_pipeline import Pipeline
+from memento_sessions.cli.pipeline import Pipeline
 from memento_sessions.client import Client
 from memento_sessions.client.conversation import LiveConversation, load_conversation
 from memento_sessions.endpoints import Endpoints
@@ -320,7 +320,7 @@ async def test_a_daemon_that_cannot_be_reached_fails_the_run_in_one_line(namespa
 def test_the_progress_bar_on_a_terminal_counts_inputs_and_events() -> None:
     from io import StringIO
 
-    from memento_sessions.cli_ingest import Progress, Totals
+    from memento_sessions.cli.ingest import Progress, Totals
 
     class Terminal(StringIO):
         def isatty(self) -> bool:

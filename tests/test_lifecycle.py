@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 from memento_sessions import keys
 from memento_sessions.backends import Backends
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.lifecycle.methods import LifecycleService
 from memento_sessions.server.daemon import Daemon, running
-from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
 from tests.helpers import make_settings, token

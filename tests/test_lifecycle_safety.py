@@ -13,10 +13,10 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
+from memento_sessions.lifecycle.methods import LifecycleService
+from memento_sessions.lifecycle.moves import Lifecycle
+from memento_sessions.lifecycle.streams import Stager
 from memento_sessions.server.daemon import Daemon
-from memento_sessions.sessions.lifecycle import Lifecycle
-from memento_sessions.sessions.lifecycle_methods import LifecycleService
-from memento_sessions.sessions.streams import Stager
 from tests.helpers import token
 from tests.rpcsocket import rpc
 

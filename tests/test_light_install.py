@@ -14,9 +14,9 @@ from pathlib import Path
 import anyio
 import pytest
 
+from memento_sessions.cli.extras import SERVER_MODULES
 from memento_sessions.client import Client
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.extras import SERVER_MODULES
 from memento_sessions.server.daemon import running
 from tests.helpers import SECRET, make_settings, token
 

@@ -19,10 +19,10 @@ from memento_sessions.checkpoints import checkpointer as checkpointer_module
 from memento_sessions.checkpoints.checkpointer import Checkpointer
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
-from memento_sessions.loops import one_pass
+from memento_sessions.lifecycle import methods as lifecycle_methods
+from memento_sessions.lifecycle.methods import LifecycleService
+from memento_sessions.logs import one_pass
 from memento_sessions.sessions import janitor as janitor_module
-from memento_sessions.sessions import lifecycle_methods
-from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.settings import Settings
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memento_sessions.errors import RateLimited
-from memento_sessions.ratelimit import Buckets
+from memento_sessions.limits import Buckets
 
 
 def test_each_agent_has_its_own_bucket_and_a_refusal_says_when_to_retry() -> None:

@@ -193,7 +193,7 @@ def test_a_redis_that_cannot_serve_yet_reads_as_unavailable_not_as_an_internal_e
     from redis.exceptions import BusyLoadingError
 
     from memento_sessions.backends import UNAVAILABLE
-    from memento_sessions.sessions.store import translate
+    from memento_sessions.sessions.functions import translate
 
     error = translate(reply)
     assert isinstance(error, BusyLoadingError) and isinstance(error, UNAVAILABLE), "answered -32050, not -32603"

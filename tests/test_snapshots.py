@@ -14,14 +14,13 @@ import asyncpg
 import pytest
 from prometheus_client import REGISTRY
 
-from memento_sessions.backends import Postgres
+from memento_sessions.backends import CREATE_MIGRATIONS_TABLE, Postgres
+from memento_sessions.backends import apply as _apply
 from memento_sessions.checkpoints.snapshots import MIGRATIONS, Snapshots, partition_ddl, partition_name
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import BackendUnavailable
-from memento_sessions.migrations import CREATE_MIGRATIONS_TABLE
-from memento_sessions.migrations import apply as _apply
 
 pytestmark = pytest.mark.anyio
 NOW = datetime.now(UTC)

@@ -1,4 +1,4 @@
-"""sessions/storable.py: the fast check an event's data passes first agrees with the walk that names problems."""
+"""sessions/checks.py: the fast check an event's data passes first agrees with the walk that names problems."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pydantic_core
 
+from memento_sessions.sessions.checks import surely_storable, value_problem
 from memento_sessions.sessions.models import EncodedData, EventIn
-from memento_sessions.sessions.storable import surely_storable, value_problem
 
 SCALARS: list[Any] = [0, 1, -1, 10**12, -(10**12), 10**12 + 1, -(10**13), 10**30, 0.5, 1e12, -1e12, 1.0000001e12,
                       1e16, -1.5e300, 1e-300, float("nan"), float("inf"), float("-inf"), True, False, None, "",

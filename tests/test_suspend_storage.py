@@ -23,9 +23,9 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.embedded.process import free_port
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.lifecycle.fork import fork
+from memento_sessions.lifecycle.methods import GetAtParams, LifecycleService
 from memento_sessions.server.daemon import Daemon, running
-from memento_sessions.sessions.fork import fork
-from memento_sessions.sessions.lifecycle_methods import GetAtParams, LifecycleService
 from memento_sessions.sessions.manager import IDLE_MARGIN
 from tests.helpers import SECRET, falkordb_url, make_settings, sample, token
 from tests.rpcsocket import rpc

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.lifecycle.methods import LifecycleService
 from memento_sessions.server.daemon import Daemon, running
-from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from tests.helpers import make_settings, token
 from tests.rpcsocket import rpc
 from tests.test_usage_get import run_events

@@ -14,9 +14,9 @@ from memento_sessions.checkpoints.methods import CheckpointMethods
 from memento_sessions.coordination.methods import CoordinationMethods
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.kg.methods import GraphMethods
+from memento_sessions.lifecycle.methods import LifecycleService
 from memento_sessions.rpc import Call, Handler, Result
 from memento_sessions.sessions.conversation import ConversationMethods
-from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from memento_sessions.sessions.methods import Params, SessionMethods, SessionParams, SubscribeParams
 from memento_sessions.usage.methods import UsageMethods
 

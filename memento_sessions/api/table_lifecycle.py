@@ -6,7 +6,7 @@ from __future__ import annotations
 from memento_sessions.api.args import AtSeq, BeforeSeq, ForkSessionId, FromSeq, LifecycleSessionId, ToSeq
 from memento_sessions.api.spec import ADMIN, READ, WRITE, Arg, Declared, Tool
 from memento_sessions.client.results import Cleared, Compacted, Diff, Forked, Moved, Snapshotted
-from memento_sessions.sessions.lifecycle_methods import CompactParams, DiffParams, ForkParams
+from memento_sessions.lifecycle.methods import CompactParams, DiffParams, ForkParams
 from memento_sessions.sessions.methods import SessionParams
 
 LIFECYCLE: tuple[Declared, ...] = (

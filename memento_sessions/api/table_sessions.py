@@ -47,8 +47,8 @@ from memento_sessions.client.results import (
     SessionList,
     Subscribed,
 )
+from memento_sessions.lifecycle.methods import CreateIdleParams, GetAtParams, ListStatusParams
 from memento_sessions.sessions.conversation import ConversationParams
-from memento_sessions.sessions.lifecycle_methods import CreateIdleParams, GetAtParams, ListStatusParams
 from memento_sessions.sessions.methods import EmitBatchParams, EmitParams, Params, SessionParams, SubscribeParams
 
 SESSIONS: tuple[Declared, ...] = (

@@ -1,4 +1,4 @@
-"""Which session produced a commit: `commit` events (the hook records a Bash `git commit`, gitstate.py) noted
+"""Which session produced a commit: `commit` events (the hook records a Bash `git commit`, cli/gitstate.py) noted
 per namespace as they are stored, and `bridge.commit {sha}` to look one up by its SHA or a prefix of it.
 
 The index keeps at most MEMENTO_COMMITS_MAX commits per namespace (the oldest noted dropped first) for 30 days

@@ -1,7 +1,7 @@
 """How fresh a handoff is: the git state the session's agent last recorded, and how the receiver's compares.
 
 The hook records the agent's HEAD and a digest of its dirty tree as `git:state` events at SessionStart and Stop
-(gitstate.py). `bridge.handoff` reads the session's events backwards from the newest, at most
+(cli/gitstate.py). `bridge.handoff` reads the session's events backwards from the newest, at most
 MEMENTO_HANDOFF_FRESHNESS_SCAN of them (pages of SCAN_PAGE, one ZREVRANGEBYSCORE each on the session's one
 key), and answers `freshness {head, dirtyDigest, recordedAt, eventsSince}` from the newest record (null when it
 finds none). Given the receiver's own `head` (and `dirtyDigest`), it adds `status`:

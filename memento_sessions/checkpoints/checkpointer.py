@@ -33,8 +33,8 @@ from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
 from memento_sessions.checkpoints.triggers import Triggers
 from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
-from memento_sessions.logs import get_logger
-from memento_sessions.loops import one_pass
+from memento_sessions.limits import Pacer
+from memento_sessions.logs import get_logger, one_pass
 from memento_sessions.metrics import (
     CHECKPOINT_ENTITIES_SKIPPED,
     CHECKPOINTS,
@@ -42,7 +42,6 @@ from memento_sessions.metrics import (
     PACED_SECONDS,
     SNAPSHOTS_DEFERRED,
 )
-from memento_sessions.pacing import Pacer
 from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import SessionManager, now_ms
@@ -202,7 +201,7 @@ class Checkpointer:
         """The window's events decoded and summarised a part at a time (at most DECODE_PART events, so at
         most 256 ids each), with a turn for the daemon's other work between parts: a window of 100,000
         new ids never holds the event loop for longer than one part takes. The parts of one namespace go at
-        most MEMENTO_BATCH_IDS_PACE ids a second (pacing.py)."""
+        most MEMENTO_BATCH_IDS_PACE ids a second (limits.py)."""
         tally, events = Tally(self.settings.checkpoint_max_entities), []
         for start in range(0, len(members), DECODE_PART):
             part = [pydantic_core.from_json(member) for member in members[start:start + DECODE_PART]]

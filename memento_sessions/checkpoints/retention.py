@@ -23,8 +23,7 @@ from memento_sessions.backends import UNANSWERED, UNAVAILABLE
 from memento_sessions.checkpoints.anchors import prune_graph
 from memento_sessions.checkpoints.snapshots import Snapshots
 from memento_sessions.kg.graph import Graphs
-from memento_sessions.logs import get_logger
-from memento_sessions.loops import one_pass
+from memento_sessions.logs import get_logger, one_pass
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)

@@ -17,13 +17,11 @@ from typing import Any
 
 import asyncpg
 
-from memento_sessions.backends import UNANSWERED, Postgres
+from memento_sessions.backends import LOCK_SCHEMA, SCHEMA_LOCK, UNANSWERED, MigratedStore, Postgres
 from memento_sessions.errors import BackendUnavailable
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS, FAILURE_SNAPSHOTS
-from memento_sessions.migrations import LOCK_SCHEMA, SCHEMA_LOCK
 from memento_sessions.retry import retry
-from memento_sessions.sessions.suspended import MigratedStore
 
 log = get_logger(__name__)
 

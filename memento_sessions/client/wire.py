@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from memento_sessions.protocol import MAX_FRAME as MAX_FRAME  # the daemon's limit, checked before sending
+from memento_sessions.errors import MAX_FRAME as MAX_FRAME  # the daemon's limit, checked before sending
 
 Result = dict[str, Any]
 

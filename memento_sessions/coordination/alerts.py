@@ -18,8 +18,8 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.mailbox import Encoded, Mailbox
+from memento_sessions.limits import Pacer
 from memento_sessions.metrics import LEASE_CONFLICT_ALERTS, PACED_SECONDS
-from memento_sessions.pacing import Pacer
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import SYSTEM, EventIn
 

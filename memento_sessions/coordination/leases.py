@@ -20,10 +20,9 @@ from memento_sessions.coordination.coverage import NO_GRAPH, Coverage, Pairs
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import BackendUnavailable, Conflict, Reason
 from memento_sessions.kg.graph import Graphs
-from memento_sessions.logs import get_logger
-from memento_sessions.loops import one_pass
+from memento_sessions.limits import Pacer
+from memento_sessions.logs import get_logger, one_pass
 from memento_sessions.metrics import LEASE_ACQUIRES, LEASE_ENDS, PACED_SECONDS
-from memento_sessions.pacing import Pacer
 from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.sessions.paging import Page, page_bytes
 from memento_sessions.settings import Settings
@@ -67,7 +66,7 @@ class Leases:
         self.coverage = Coverage(graphs, store, settings.lease_coverage_edges, settings.lease_max_covered)
         self.settings = settings
         self._indexed: set[str] = set()  # namespaces this daemon has added to the reaper's set
-        # Each write's Redis work is per covered entity: a namespace's go at MEMENTO_LEASE_PACE a second (pacing.py)
+        # Each write's Redis work is per covered entity: a namespace's go at MEMENTO_LEASE_PACE a second (limits.py)
         self.pacer = Pacer(settings.lease_pace, PACED_SECONDS.labels("lease"))
 
     async def acquire(self, who: Identity, entity_ids: Sequence[str], ttl: int, mode: str,

@@ -24,9 +24,9 @@ from memento_sessions.coordination.answers import HookAnswers
 from memento_sessions.coordination.hook_text import notice
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.rpc import Call, Result
+from memento_sessions.sessions.checks import value_problem
 from memento_sessions.sessions.methods import Params, SessionParams
 from memento_sessions.sessions.models import MAX_DATA_BYTES, ClientId, EntityId, Seq, ShortText, client_id
-from memento_sessions.sessions.storable import value_problem
 
 RoleName = Annotated[str, StringConstraints(pattern=ROLE.pattern)]
 AGENT = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")

@@ -26,8 +26,7 @@ from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE, out_of_memory
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import Forbidden
-from memento_sessions.logs import get_logger
-from memento_sessions.loops import one_pass
+from memento_sessions.logs import get_logger, one_pass
 from memento_sessions.rpc import Call, Peer, encode_notification
 from memento_sessions.sessions.manager import iso, now_ms
 from memento_sessions.settings import Settings

@@ -13,7 +13,7 @@ from memento_sessions.backends import is_cluster_client
 from memento_sessions.errors import Forbidden
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.pipe import Acks, Pipe, call_acked
-from memento_sessions.sessions.store import translate
+from memento_sessions.sessions.functions import translate
 
 log = get_logger(__name__)
 # The writes a failover must not lose once answered, waited on with MEMENTO_REPLICA_ACKS >= 1: a lease granted,

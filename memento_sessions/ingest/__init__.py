@@ -1,5 +1,12 @@
 """Converters of real agents' activity into the daemon's events, and the reducer of conversation state.
 
+Converters: claude_code.py (Claude Code transcripts), claude_hooks.py (Claude Code hook inputs),
+gemini_hooks.py (Gemini CLI hook inputs, and the answers back), stream_json.py (`claude -p` stream-json),
+opencode.py (OpenCode server events), anthropic.py (Anthropic messages), usage.py (what a model call
+cost), signals.py (edits, test and build outcomes). Beside them: blocks.py (the unified conversation
+events), events.py (daemon events from source records: ids, caps, storable values), lines.py (JSON
+Lines to events, the format picked), reducer.py (the one reducer of conversation state).
+
 Pure code with no I/O and only the standard library, so the hook command starts fast. The public API:
 
 - `convert_lines(lines, fmt="auto", project_root=None) -> Conversion(events, stats)`: a whole JSON Lines

@@ -24,7 +24,7 @@ from pydantic import (
 
 from memento_sessions.errors import BadRecord as BadRecord  # defined in errors; name kept for importers
 from memento_sessions.kg.graph import BASE_LABEL, LABELS, RELATIONSHIPS, Graph, Label, Relationship
-from memento_sessions.sessions.storable import check_id, value_problem
+from memento_sessions.sessions.checks import check_id, value_problem
 
 BATCH = 500
 MAX_RECORDS = 10_000  # per kg.upsert call; files are loaded in batches and have no limit

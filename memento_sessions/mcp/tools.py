@@ -24,7 +24,7 @@ from memento_sessions.api.spec import Declared, Tool
 from memento_sessions.api.table import tools as declared_tools
 from memento_sessions.auth import Identity
 from memento_sessions.errors import InvalidParams, MethodNotFound, RpcError
-from memento_sessions.ratelimit import Buckets
+from memento_sessions.limits import Buckets
 from memento_sessions.rpc import Call, Registry, Result, field_errors
 from memento_sessions.sessions.condense import KEEP
 from memento_sessions.sessions.methods import ListParams

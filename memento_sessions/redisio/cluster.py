@@ -22,10 +22,10 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.logs import get_logger
 from memento_sessions.redisio.pipe import Acks, Pipe
 from memento_sessions.retry import RECONNECT, Backoff, Failures
+from memento_sessions.settings import ClusterUrl, is_cluster
 
 log = get_logger(__name__)
 MAX_REDIRECTS = 5

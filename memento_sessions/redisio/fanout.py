@@ -23,13 +23,13 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.backends import cluster_client
-from memento_sessions.cluster_url import ClusterUrl, is_cluster
 from memento_sessions.keys import sharded
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
 from memento_sessions.redisio.pubsub import Subscriber, open_subscriber
 from memento_sessions.redisio.shards import Shards
 from memento_sessions.retry import RECONNECT, Backoff, Failures
+from memento_sessions.settings import ClusterUrl, is_cluster
 
 log = get_logger(__name__)
 CONFIRM_TIMEOUT = 5.0

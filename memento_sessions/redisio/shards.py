@@ -27,11 +27,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from memento_sessions.cluster_url import ClusterUrl
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
 from memento_sessions.redisio.pubsub import Push, Subscriber, open_subscriber
 from memento_sessions.retry import RECONNECT, Backoff, Failures
+from memento_sessions.settings import ClusterUrl
 
 log = get_logger(__name__)
 Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], None]

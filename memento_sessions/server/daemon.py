@@ -19,10 +19,9 @@ from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.embedded.process import ChildServer
 from memento_sessions.embedded.redis import EmbeddedRedis, move_graphs
 from memento_sessions.endpoints import Endpoints, postgres_dsn, remove_runtime, write_runtime
-from memento_sessions.errors import ConfigError
+from memento_sessions.errors import MAX_FRAME, ConfigError
 from memento_sessions.logs import get_logger, guard_library_logs
 from memento_sessions.metrics import GC_PAUSE_SECONDS
-from memento_sessions.protocol import MAX_FRAME
 from memento_sessions.server.health import Health, probe_forever
 from memento_sessions.settings import Settings
 

@@ -34,8 +34,8 @@ from memento_sessions.coordination.answers import parse
 from memento_sessions.errors import Conflict, NotFound, RateLimited, RpcError
 from memento_sessions.ingest.claude_hooks import convert_hook
 from memento_sessions.ingest.gemini_hooks import gemini_output, to_claude
+from memento_sessions.limits import Buckets
 from memento_sessions.logs import get_logger
-from memento_sessions.ratelimit import Buckets
 from memento_sessions.rpc import Call, Registry
 from memento_sessions.sessions.manager import iso, now_ms
 

@@ -4,7 +4,7 @@
 -- Errors start with a word the Python side maps to a JSON-RPC error: NOTFOUND, CONFLICT, EXISTS, FULL
 -- (FULL's second word is the reason: session_full, namespace_full).
 
--- How a session's frames are published: sessions/store.py loads 'SPUBLISH' on a Redis Cluster, where the
+-- How a session's frames are published: sessions/functions.py loads 'SPUBLISH' on a Redis Cluster, where the
 -- session's channel is a shard channel in the session's own slot (announcements stay PUBLISH: relayed to all).
 local SESSION_PUBLISH = 'PUBLISH'
 
@@ -305,7 +305,7 @@ local function snapshot(keys, args)
   return removed
 end
 
--- A whole session (a fork, or a suspended one coming back) is written a chunk at a time (sessions/streams.py):
+-- A whole session (a fork, or a suspended one coming back) is written a chunk at a time (lifecycle/streams.py):
 -- ms_stage calls fill its events, ids and agents while it has no hash, so no reader or writer sees it (each
 -- treats a session without its hash as absent); one ms_restore call then writes the hash and publishes.
 -- The ids hash carries the writer's token in field `~staging` meanwhile: a write that another took over

@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from memento_sessions import keys
-from memento_sessions.loops import one_pass
+from memento_sessions.logs import one_pass
 from memento_sessions.metrics import ACTIVE_SESSIONS
 
 INTERVAL = 15.0

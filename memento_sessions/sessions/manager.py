@@ -26,10 +26,10 @@ from memento_sessions.redisio.pipe import Acks, Pipe
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.conversation import ConversationFold
+from memento_sessions.sessions.functions import FunctionStore
 from memento_sessions.sessions.models import KNOWN_TYPES, MAX_EVENT_BYTES, ChangeInfo, EncodedData, EventIn
 from memento_sessions.sessions.paging import CHUNK, PAGE, Page, page_bytes, seq_of
-from memento_sessions.sessions.snapshot_store import snapshot_at
-from memento_sessions.sessions.store import FunctionStore
+from memento_sessions.sessions.snapshots import snapshot_at
 from memento_sessions.settings import Settings
 from memento_sessions.usage.query import session_totals
 
@@ -219,7 +219,7 @@ class SessionManager:
     def __init__(self, redis: aioredis.Redis, settings: Settings, pipe: Pipe | None = None, *,
                  on_emitted: Sequence[EmitListener] = (), on_full: FullHandler | None = None) -> None:
         """`on_emitted`: told of every stored emit, in order (the checkpointer's triggers); `on_full`: asked to
-        make room when a session is full (auto-compaction, sessions/history.py), before the emit is refused."""
+        make room when a session is full (auto-compaction, history/views.py), before the emit is refused."""
         self.redis = redis
         self.settings = settings
         self.store = FunctionStore(redis, pipe)

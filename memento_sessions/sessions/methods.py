@@ -8,9 +8,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from memento_sessions.errors import InvalidParams
 from memento_sessions.rpc import Call, Result
+from memento_sessions.sessions.checks import check_text
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import MAX_BATCH, ClientId, EntityId, EventIn, Seq, SessionState
-from memento_sessions.sessions.storable import check_text
 
 LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:/-]{1,64}$")]
 ListCursor = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,16}:[A-Za-z0-9._:-]{1,128}$")]

@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
 )
 
-from memento_sessions.sessions.storable import (
+from memento_sessions.sessions.checks import (
     MAX_MAGNITUDE,
     check_id,
     check_number,

@@ -22,9 +22,9 @@ from starlette.routing import Route
 from memento_sessions.auth import Identity, bearer, session_agent, verify_token
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import AuthError, Forbidden, RateLimited
+from memento_sessions.limits import Buckets
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import OTLP_RECORDS, OTLP_REQUESTS
-from memento_sessions.ratelimit import Buckets
 from memento_sessions.settings import Settings
 from memento_sessions.usage.otlp import BadBody, Batch, log_batch, metric_batch
 from memento_sessions.usage.store import UsageStore

@@ -18,9 +18,9 @@ import structlog
 from starlette.types import Receive, Scope, Send
 
 from memento_sessions.auth import SESSION_ID, AuthError, Identity, bearer, session_agent, verify_token
+from memento_sessions.limits import TokenBucket
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
-from memento_sessions.ratelimit import TokenBucket
 from memento_sessions.rpc import Call, Registry, Request, answer, prepare_in_parts
 from memento_sessions.ws.connection import Connection
 

@@ -32,7 +32,7 @@ from memento_sessions.rpc import Call, Result
 from memento_sessions.sessions.frames import event_frame, frame_head, frame_seq, member_seq
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import Params, SessionParams, SubscribeParams
-from memento_sessions.sessions.snapshot_store import snapshot_at
+from memento_sessions.sessions.snapshots import snapshot_at
 
 log = get_logger(__name__)
 REPLAY_CHUNK = 500

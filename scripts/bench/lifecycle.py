@@ -17,12 +17,12 @@ from bench.harness import PAYLOAD, Env, Figure, Samples, Target, latency_extra, 
 from bench.watch import quiet
 from memento_sessions import keys
 from memento_sessions.backends import Postgres
-from memento_sessions.sessions.fork import fork as fork_session
-from memento_sessions.sessions.history import History
-from memento_sessions.sessions.lifecycle import Lifecycle
+from memento_sessions.history.views import History
+from memento_sessions.lifecycle.fork import fork as fork_session
+from memento_sessions.lifecycle.moves import Lifecycle
+from memento_sessions.lifecycle.postgres import SuspendedStore
 from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.models import EventIn
-from memento_sessions.sessions.suspended import SuspendedStore
 
 BATCH, SNAPSHOT_EVERY = 500, 1000
 EVENT = EventIn.model_validate(PAYLOAD)

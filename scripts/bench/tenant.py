@@ -18,7 +18,7 @@ from websockets.asyncio.client import connect
 from bench.harness import SECRET, Env, Rpc
 from memento_sessions import keys
 from memento_sessions.auth import Identity, issue_token
-from memento_sessions.sessions.history import History
+from memento_sessions.history.views import History
 from memento_sessions.sessions.models import EventIn
 
 SCOPES = "sessions:read sessions:write kg:write"

@@ -4,7 +4,7 @@ Every input is appended under an exclusive flock; the one hook that holds the de
 chunk at a time after the delivered offset (`spool.offset`), commits that offset, empties the spool once
 all is delivered, and keeps what is not delivered under a cap (MEMENTO_HOOK_SPOOL_MAX_BYTES): past it the
 oldest inputs are dropped, counted in `dropped` and said once on stderr. Every file is owner-only (0600).
-Standard library only, and little of it (see cli_hook.py: the hook runs once per tool call).
+Standard library only, and little of it (see cli/hook.py: the hook runs once per tool call).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from memento_sessions import cli_json
+from memento_sessions.cli import fastjson
 
 TYPE_CHECKING = False  # not `typing` (mypy takes any name TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def spool(record: Any, folder: str, at: str | None = None) -> tuple[str, int, in
     os.makedirs(folder, mode=0o700, exist_ok=True)
     root = os.environ.get("CLAUDE_PROJECT_DIR") or (record.get("cwd") if isinstance(record, dict) else None)
     at = at or now_iso()
-    line = cli_json.dumps({"at": at, "root": root, "input": record})
+    line = fastjson.dumps({"at": at, "root": root, "input": record})
     data = (line + "\n").encode()
     with Locked(os.path.join(folder, "spool.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
         os.write(fd, data)
@@ -116,7 +116,7 @@ def pending(folder: str, offset: int, limit: int = CHUNK) -> list[tuple[int, byt
 
 def parse(line: bytes) -> dict[str, Any]:
     try:
-        entry = cli_json.loads(line)
+        entry = fastjson.loads(line)
     except ValueError:
         return {}
     return entry if isinstance(entry, dict) else {}

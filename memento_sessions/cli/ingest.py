@@ -24,12 +24,11 @@ from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 import pydantic_core
 
-from memento_sessions.cli_pipeline import Pipeline
-from memento_sessions.cli_wire import RpcFailure, WireError
-from memento_sessions.cli_wire import daemon_url as find_daemon
-from memento_sessions.errors import Conflict
+from memento_sessions.cli.pipeline import Pipeline
+from memento_sessions.cli.wire import RpcFailure, WireError
+from memento_sessions.cli.wire import daemon_url as find_daemon
+from memento_sessions.errors import MAX_FRAME, Conflict
 from memento_sessions.ingest import FORMATS, LineReader
-from memento_sessions.protocol import MAX_FRAME
 
 if TYPE_CHECKING:
     from memento_sessions.settings import Settings
@@ -303,7 +302,7 @@ def ingest(pipe: Pipeline, names: list[str], args: argparse.Namespace, progress:
 
 
 def daemon_url(args: argparse.Namespace, data_dir: Path, host: str | None, port: str | int | None) -> str:
-    """--url, else every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else MEMENTO_URL,
+    """--url, else every command's rule (cli/wire.py\'s daemon_url): the data dir's runtime.json, else MEMENTO_URL,
     else MEMENTO_HOST / MEMENTO_PORT."""
     return args.url or find_daemon(str(data_dir), os.environ.get("MEMENTO_URL"), host, port)
 

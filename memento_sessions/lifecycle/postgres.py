@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from memento_sessions.backends import Postgres
+from memento_sessions.backends import MigratedStore, Migration, Postgres
 from memento_sessions.errors import Conflict, Reason
-from memento_sessions.migrations import Migration, migrate
 from memento_sessions.sessions.paging import seq_of
 
 if TYPE_CHECKING:
@@ -163,29 +162,6 @@ class Suspended:
     @property
     def archived(self) -> bool:
         return self.status == "archived"
-
-
-class MigratedStore:
-    """A store over the daemon's (lazily connected) Postgres whose schema is migrated on first use.
-
-    Shared by this table and the failure snapshots' (checkpoints/snapshots.py): one place for "migrate
-    once per process, safely while other daemons do the same".
-    """
-
-    def __init__(self, postgres: Postgres, migrations: tuple[Migration, ...]) -> None:
-        self.postgres, self.migrations = postgres, migrations
-        self._migrated = False
-
-    async def migrate(self) -> None:
-        """Create or upgrade the schema; safe while another daemon does the same."""
-        if self._migrated:
-            return
-        await migrate(self.postgres, self.migrations)
-        await self.migrated()
-        self._migrated = True
-
-    async def migrated(self) -> None:
-        """What a store prepares once its schema is current (nothing here)."""
 
 
 class RowWriter:

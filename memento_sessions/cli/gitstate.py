@@ -1,6 +1,6 @@
 """The agent's git state for fresh handoffs: its HEAD and a digest of its dirty tree, stamped on hook inputs.
 
-The hook (cli_hook.py) calls `stamp` on each input before spooling it: at SessionStart and Stop it runs
+The hook (cli/hook.py) calls `stamp` on each input before spooling it: at SessionStart and Stop it runs
 `git rev-parse HEAD`, `git status --porcelain=v1 -z` and `git diff HEAD` at once in the project directory,
 hashing the last two as they stream (so a large diff costs no memory), and keeps `{head, dirtyDigest}` in the
 input (`memento_git`; the digest is the SHA-256 of the two outputs' SHA-256s). All of it is bounded by
@@ -14,7 +14,7 @@ Like the rest of the hook it imports nothing at load time beyond `os` and `time`
 
 The git state and the uncommitted work (SessionStart, Stop, SessionEnd) take tens of milliseconds on a large
 work tree (git status alone), more than a hook call may spend: the hook spawns a detached child instead
-(cli_stamp.py: os.posix_spawn of `python -m memento_sessions.cli_stamp`, its own session, stdio on /dev/null,
+(cli/stamp.py: os.posix_spawn of `python -m memento_sessions.cli.stamp`, its own session, stdio on /dev/null,
 so Claude Code does not wait for it), which takes them and appends them to the spool as one more line (marked
 `memento_git_deferred`, the input's own time, so its events' ids are what the hook would have written); the
 next hook call delivers it. Each child holds a shared flock on `<spool>/stamping.lock` (taken by the hook

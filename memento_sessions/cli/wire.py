@@ -19,7 +19,7 @@ import binascii
 import os
 import time
 
-from memento_sessions import cli_json
+from memento_sessions.cli import fastjson
 
 TYPE_CHECKING = False  # not `typing`: see above (mypy takes any name TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -70,7 +70,7 @@ def daemon_url(data_dir: str, url: str | None, host: str | None, port: str | int
     A wildcard listen address means loopback."""
     try:
         with open(os.path.join(data_dir, "runtime.json"), encoding="utf-8") as file:
-            runtime = cli_json.loads(file.read())
+            runtime = fastjson.loads(file.read())
         if _alive(runtime.get("pid")):  # a daemon killed with -9 left its file behind
             return _ws_url(runtime.get("host"), int(runtime["port"]))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -267,9 +267,9 @@ class Wire:
         self.next_id += 1
         request = {"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}
         try:
-            self.send(0x1, cli_json.dumps(request).encode())
+            self.send(0x1, fastjson.dumps(request).encode())
             while True:
-                message = cli_json.loads(self.receive())
+                message = fastjson.loads(self.receive())
                 if isinstance(message, dict) and message.get("id") == self.next_id:
                     break
         except (OSError, ValueError) as exc:

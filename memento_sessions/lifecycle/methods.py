@@ -21,20 +21,19 @@ from redis.exceptions import RedisError
 from memento_sessions import keys
 from memento_sessions.backends import UNANSWERED, Backends
 from memento_sessions.errors import InvalidParams, MementoError, NotFound, RateLimited, Reason
-from memento_sessions.logs import get_logger
-from memento_sessions.loops import one_pass
+from memento_sessions.history.views import History
+from memento_sessions.lifecycle.fork import fork
+from memento_sessions.lifecycle.moves import Lifecycle
+from memento_sessions.lifecycle.postgres import Suspended, SuspendedStore
+from memento_sessions.lifecycle.reads import stored_at, stored_condensed, stored_get, stored_session
+from memento_sessions.logs import get_logger, one_pass
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.rpc import Call, Result
-from memento_sessions.sessions.fork import fork
-from memento_sessions.sessions.history import History
 from memento_sessions.sessions.janitor import lifecycle_candidates
-from memento_sessions.sessions.lifecycle import Lifecycle
 from memento_sessions.sessions.manager import IDLE_MARGIN, SessionManager
 from memento_sessions.sessions.methods import CreateParams, GetParams, ListParams, SessionMethods, SessionParams
 from memento_sessions.sessions.models import ClientId, Seq
 from memento_sessions.sessions.paging import PAGE, page_bytes
-from memento_sessions.sessions.stored import stored_at, stored_condensed, stored_get, stored_session
-from memento_sessions.sessions.suspended import Suspended, SuspendedStore
 from memento_sessions.usage.query import session_totals
 
 Status = Literal["active", "suspended", "completed", "archived"]

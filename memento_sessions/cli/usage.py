@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from memento_sessions.cli_session import cli_token, daemon_url, table
+from memento_sessions.cli.session import cli_token, daemon_url, table
 from memento_sessions.client import Client
 from memento_sessions.errors import RpcError
 from memento_sessions.settings import Settings

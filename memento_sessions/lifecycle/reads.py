@@ -14,13 +14,13 @@ from typing import Any
 import pydantic_core
 
 from memento_sessions.errors import Conflict, Reason
+from memento_sessions.history.views import at_result, beyond, compacted
+from memento_sessions.lifecycle.postgres import LIVE_STATUSES, Suspended, SuspendedStore
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.conversation import ConversationFold
-from memento_sessions.sessions.history import at_result, beyond, compacted
 from memento_sessions.sessions.manager import iso, session_view
 from memento_sessions.sessions.paging import Page
-from memento_sessions.sessions.snapshot_store import Snapshot
-from memento_sessions.sessions.suspended import LIVE_STATUSES, Suspended, SuspendedStore
+from memento_sessions.sessions.snapshots import Snapshot
 
 
 def stored_session(session_id: str, status: str, fields: dict[str, str], agents: list[str], stored_at: datetime,

@@ -17,13 +17,13 @@ import pydantic_core
 from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.errors import Conflict, InvalidParams, NotFound, Reason
+from memento_sessions.lifecycle.moves import Lifecycle, frames
+from memento_sessions.lifecycle.postgres import Suspended
+from memento_sessions.lifecycle.streams import per_read, redis_events, redis_ids
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.sessions.condense import state_after
-from memento_sessions.sessions.lifecycle import Lifecycle, frames
 from memento_sessions.sessions.manager import iso, now_ms
-from memento_sessions.sessions.snapshot_store import SNAPSHOT_PREFIX
-from memento_sessions.sessions.streams import per_read, redis_events, redis_ids
-from memento_sessions.sessions.suspended import Suspended
+from memento_sessions.sessions.snapshots import SNAPSHOT_PREFIX
 
 
 class Parent:

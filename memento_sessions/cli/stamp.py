@@ -1,6 +1,6 @@
 """The detached child that takes the freshness stamp for the hook (gitstate.py says why and how).
 
-`spawn` starts it (`python -m memento_sessions.cli_stamp JOB`, JOB the input's session, event, directory, read
+`spawn` starts it (`python -m memento_sessions.cli.stamp JOB`, JOB the input's session, event, directory, read
 time and spool folder), `stamp_later` is what it does, `wait_for_children` is `hook --flush` waiting for every
 one still running (each holds `<spool>/stamping.lock` shared; the hook takes it before the spawn).
 """
@@ -11,9 +11,9 @@ import fcntl
 import os
 import time
 
-from memento_sessions import cli_json
-from memento_sessions.cli_spool import spool
-from memento_sessions.gitstate import DEFERRED, FIELD, LOCK, PATCH_FIELD, stamp
+from memento_sessions.cli import fastjson
+from memento_sessions.cli.gitstate import DEFERRED, FIELD, LOCK, PATCH_FIELD, stamp
+from memento_sessions.cli.spool import spool
 
 NICE = 10  # the child's niceness
 DELIVERY = 5.0  # seconds the child may spend delivering the spool (else the next hook call does)
@@ -28,7 +28,7 @@ def spawn(record: dict[str, Any], at: str, folder: str) -> None:
     import sys
 
     keep = {key: record.get(key) for key in ("session_id", "hook_event_name", "cwd")}
-    job = cli_json.dumps({"at": at, "folder": folder, "input": keep})
+    job = fastjson.dumps({"at": at, "folder": folder, "input": keep})
     lock = os.open(os.path.join(folder, LOCK), os.O_RDONLY | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_SH)  # now: a --flush right after this hook waits for the child
@@ -36,7 +36,7 @@ def spawn(record: dict[str, Any], at: str, folder: str) -> None:
         null = os.devnull
         actions = [(os.POSIX_SPAWN_OPEN, 0, null, os.O_RDONLY, 0), (os.POSIX_SPAWN_OPEN, 1, null, os.O_WRONLY, 0),
                    (os.POSIX_SPAWN_OPEN, 2, null, os.O_WRONLY, 0), (os.POSIX_SPAWN_DUP2, lock, 3)]
-        os.posix_spawn(sys.executable, [sys.executable, "-m", "memento_sessions.cli_stamp", job], os.environ,
+        os.posix_spawn(sys.executable, [sys.executable, "-m", "memento_sessions.cli.stamp", job], os.environ,
                        file_actions=actions, setsid=True)
     finally:
         os.close(lock)  # the child's descriptor 3 keeps the lock until it exits
@@ -49,7 +49,7 @@ def stamp_later(job: dict[str, Any]) -> None:
     stamp(record)
     if any(key in record for key in (FIELD, PATCH_FIELD)):
         spool({**record, DEFERRED: True}, job["folder"], at=job["at"])
-        from memento_sessions.cli_hook import deliver  # now, so the next call finds nothing waiting (its one POST)
+        from memento_sessions.cli.hook import deliver  # now, so the next call finds nothing waiting (its one POST)
 
         deliver(job["folder"], time.monotonic() + DELIVERY)
 
@@ -79,6 +79,6 @@ if __name__ == "__main__":
     try:
         # Niced (git inherits it): on a busy machine it yields to the hook calls, its own parent's included.
         os.nice(NICE)
-        stamp_later(cli_json.loads(sys.argv[1]))
+        stamp_later(fastjson.loads(sys.argv[1]))
     except Exception:  # nowhere to say it (stdio is /dev/null): the stamp is just missing, as past its timeout
         pass

@@ -21,7 +21,7 @@ from memento_sessions.metrics import COMPACTIONS, REHYDRATE_SECONDS
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import KEEP, Condenser
 from memento_sessions.sessions.manager import VIEW_READS, FullHandler, SessionManager, ask_view, iso, now_ms, view_of
-from memento_sessions.sessions.snapshot_store import SNAPSHOT_LIST, SNAPSHOT_PREFIX, snapshot_id
+from memento_sessions.sessions.snapshots import SNAPSHOT_LIST, SNAPSHOT_PREFIX, snapshot_id
 
 FOLD_CHUNK = 1000  # events read per round trip while folding
 MAX_SNAPSHOTS = 256  # snapshots kept per session (the oldest go first, never the compaction base)

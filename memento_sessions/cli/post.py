@@ -5,7 +5,7 @@ Taken only when the spool holds nothing before the input just spooled, no other 
 input has nothing to convert here (a commit stamp): then the spool's order is kept, and the input's events are
 those the WebSocket delivery would send, since the hook sends what the spool keeps with it (the time it read
 it, the project root): written once whichever path sends them. Once the daemon says they are stored, the
-spool's offset moves past the input. Anything else is the WebSocket path's (cli_hook.answer, then deliver).
+spool's offset moves past the input. Anything else is the WebSocket path's (cli/hook.py\'s `answer`, then deliver).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 import fcntl
 import os
 
-from memento_sessions import cli_json
-from memento_sessions.cli_hook import ANSWER_BUDGET, POLICIES, STARTED, daemon_url
-from memento_sessions.cli_spool import Locked, compact, read_offset, write_offset
+from memento_sessions.cli import fastjson
+from memento_sessions.cli.hook import ANSWER_BUDGET, POLICIES, STARTED, daemon_url
+from memento_sessions.cli.spool import Locked, compact, read_offset, write_offset
 
 TYPE_CHECKING = False  # not `typing` (mypy takes any name TYPE_CHECKING as true)
 if TYPE_CHECKING:
@@ -41,23 +41,23 @@ NOT_TAKEN = Posted()  # the WebSocket path asks and delivers
 def post_input(record: dict[str, Any], at: str, start: int, end: int, folder: str) -> Posted:
     """The post of the input spooled at [start, end) of the spool, read at `at`; NOT_TAKEN when it is not for
     this path or the daemon does not take it (another status than 200, a reply that is not JSON)."""
-    from memento_sessions.gitstate import COMMIT_FIELD
+    from memento_sessions.cli.gitstate import COMMIT_FIELD
 
     token, headers = os.environ.get("MEMENTO_TOKEN"), post_headers(record, at)
     if not token or headers is None or COMMIT_FIELD in record:
         return NOT_TAKEN
-    from memento_sessions.cli_wire import WireError, post
+    from memento_sessions.cli.wire import WireError, post
 
     try:
         with Locked(os.path.join(folder, "deliver.lock"), os.O_WRONLY | os.O_CREAT, fcntl.LOCK_EX | fcntl.LOCK_NB):
             if read_offset(folder) != start:
                 return NOT_TAKEN
             try:
-                status, replied, body = post(daemon_url(), token, PATH, cli_json.dumps(record).encode(), headers,
+                status, replied, body = post(daemon_url(), token, PATH, fastjson.dumps(record).encode(), headers,
                                              STARTED + ANSWER_BUDGET)
             except WireError:  # the daemon away: allowed, the input stays spooled
                 return Posted()
-            said = cli_json.loads(body) if status == 200 else None
+            said = fastjson.loads(body) if status == 200 else None
             if not isinstance(said, dict):
                 return NOT_TAKEN
             recorded = replied.get("x-memento-hook-recorded") == "1"

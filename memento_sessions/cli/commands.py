@@ -174,10 +174,10 @@ def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def _extra_commands() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
     """Commands that live beside their feature (kg, prune, mcp)."""
     from memento_sessions.checkpoints.commands import register as prune_command
-    from memento_sessions.cli_hook import register as hook_command
-    from memento_sessions.cli_ingest import register as ingest_command
-    from memento_sessions.cli_session import register as session_commands
-    from memento_sessions.cli_usage import register as usage_command
+    from memento_sessions.cli.hook import register as hook_command
+    from memento_sessions.cli.ingest import register as ingest_command
+    from memento_sessions.cli.session import register as session_commands
+    from memento_sessions.cli.usage import register as usage_command
     from memento_sessions.kg.commands import register as kg_commands
     from memento_sessions.server.stdio import register as mcp_command
 
@@ -192,8 +192,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script."""
     given = sys.argv[1:] if argv is None else list(argv)
-    if given[:1] == ["hook"] and not {"-h", "--help"} & set(given):  # the hook's lean path: see cli_hook.py
-        from memento_sessions.cli_hook import leave, run_hook
+    if given[:1] == ["hook"] and not {"-h", "--help"} & set(given):  # the hook's lean path: see cli/hook.py
+        from memento_sessions.cli.hook import leave, run_hook
 
         code = run_hook(given[1:])
         if argv is None:  # the console script's process: done, without the interpreter's teardown
@@ -215,7 +215,7 @@ def failed(exc: BaseException) -> int:
 
     line = None
     if isinstance(exc, ModuleNotFoundError):  # a daemon command on the light install: name the extra it needs
-        from memento_sessions.extras import missing_extra
+        from memento_sessions.cli.extras import missing_extra
 
         line = missing_extra(exc)
     elif isinstance(exc, (ConfigError, DataDirLocked, MementoError)):
@@ -251,7 +251,7 @@ def quiet_exit() -> int:
 def _run(given: list[str]) -> int:
     """The command's code: settings loaded (but for an ingest that needs none), logging set up, then run."""
     if given[:1] == ["ingest"] and not {"-h", "--help"} & set(given):
-        from memento_sessions.cli_ingest import quick_main
+        from memento_sessions.cli.ingest import quick_main
 
         quick = quick_main(given[1:])
         if quick is not None:

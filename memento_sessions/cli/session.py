@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 
 from memento_sessions.auth import issue_token
-from memento_sessions.cli_wire import daemon_url as find_daemon
+from memento_sessions.cli.wire import daemon_url as find_daemon
 from memento_sessions.client import Client
 from memento_sessions.embedded.datadir import existing_auth_secret
 from memento_sessions.errors import ConfigError, RpcError
@@ -29,7 +29,7 @@ LIST_COLUMNS = ("sessionId", "status", "state", "seq", "agents", "updatedAt")
 
 
 def daemon_url(settings: Settings) -> str:
-    """Every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else MEMENTO_URL, else
+    """Every command's rule (cli/wire.py\'s daemon_url): the data dir's runtime.json, else MEMENTO_URL, else
     MEMENTO_HOST / MEMENTO_PORT."""
     return find_daemon(str(settings.data_dir), os.environ.get("MEMENTO_URL"), settings.host, settings.port)
 
@@ -129,7 +129,7 @@ def event_line(event: dict[str, Any], as_json: bool) -> str:
 
 async def checkout(client: Client, args: argparse.Namespace) -> Any:
     """Apply the session's stored uncommitted work to --into (default: here), at the HEAD it was made against."""
-    from memento_sessions.gitstate import apply, newest_patch
+    from memento_sessions.cli.gitstate import apply, newest_patch
 
     found = newest_patch([event async for event in client.iter_events(args.id)])
     if isinstance(found, str):

@@ -14,7 +14,7 @@ import pydantic_core
 
 from memento_sessions.keys import SessionKeys
 from memento_sessions.sessions.condense import Condenser
-from memento_sessions.sessions.store import FunctionStore
+from memento_sessions.sessions.functions import FunctionStore
 
 SNAPSHOT_PREFIX = "~snap:"
 SNAPSHOT_LIST = "~snaps"

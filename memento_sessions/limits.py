@@ -1,4 +1,11 @@
-"""Fair shares of the daemon's and Redis's time: a namespace's heavy work is paced, the others' is not.
+"""Limits on how fast one client or one namespace may go: token buckets and per-namespace paces.
+
+Token buckets: a client over its rate gets -32029, and nothing it asked for runs.
+
+A WebSocket connection has its own bucket (gateway.py); MCP tool calls, which arrive as separate HTTP
+requests, share one bucket per agent (`Buckets`).
+
+Paces, fair shares of the daemon's and Redis's time: a namespace's heavy work is paced, the others' is not.
 
 Some requests do work in proportion to what they name: a lease write on every entity its lease covers, in
 one Redis Function call (about 5 us each on a 2-vCPU host: 20 ms for 4,096); an event batch and its
@@ -14,11 +21,17 @@ other tenants find Redis and the daemon free between its steps.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
-from prometheus_client import Counter
+
+from memento_sessions.errors import RateLimited
+
+if TYPE_CHECKING:
+    from prometheus_client import Counter  # a server package: the client's light install has none
 
 KEPT = 10_000  # namespaces whose spending is remembered at once; past it, those fully paid are forgotten
 AHEAD = 0.1  # seconds of its budget a namespace may owe without waiting
@@ -60,3 +73,45 @@ class Pacer:
     def _forget_paid(self) -> None:
         for namespace in [ns for ns in self._owed if self.owed(ns) == 0.0]:
             del self._owed[namespace]
+
+
+class TokenBucket:
+    """`rate` requests a second on average, bursts of up to `burst`."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = burst
+        self.stamp = time.monotonic()
+
+    def take(self) -> None:
+        """Spend one token, or raise RateLimited saying when the next one comes."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1.0:
+            wait_ms = int((1.0 - self.tokens) / self.rate * 1000) + 1
+            raise RateLimited("rate limited", {"retryAfterMs": wait_ms, "limit": self.rate})
+        self.tokens -= 1.0
+
+
+class Buckets:
+    """One TokenBucket per key (an agent), for at most `keep` keys: the least recently used goes first.
+
+    An agent pushed out starts again with a full bucket, so the bound can let one extra burst through;
+    it keeps a daemon's memory flat whatever the number of agents.
+    """
+
+    def __init__(self, rate: float, keep: int = 10_000) -> None:
+        self.rate, self.keep = rate, keep
+        self._buckets: OrderedDict[Hashable, TokenBucket] = OrderedDict()
+
+    def take(self, key: Hashable) -> None:
+        """Spend one of `key`'s tokens, or raise RateLimited."""
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = TokenBucket(self.rate, self.rate)
+            if len(self._buckets) > self.keep:
+                self._buckets.popitem(last=False)
+        else:
+            self._buckets.move_to_end(key)
+        bucket.take()

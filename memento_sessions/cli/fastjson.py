@@ -1,7 +1,7 @@
 """JSON for the hook's lean path, from the C accelerator `_json` the json package itself uses.
 
 The json package's decoder compiles regular expressions at import, which imports `re` and `enum`: about
-5 ms of CPU, half of what the hook's one-round-trip path (cli_hook.post_input) costs beyond the interpreter's
+5 ms of CPU, half of what the hook's one-round-trip path (cli/hook.py\'s `post_input`) costs beyond the interpreter's
 start. The C scanner and encoder need none of it: they are what `json.loads` and `json.dumps` run for
 these inputs anyway. Same results (floats as repr, NaN and Infinity as json writes and reads them), compact
 separators; bad JSON raises ValueError (json.JSONDecodeError when the json package is loaded already; else the

@@ -8,15 +8,15 @@ doubled: the events' ids derive from the input and the time it was read, the dae
 per session, and the delivered offset is committed after each batch, so a batch sent again after a
 crash writes nothing. Only one hook delivers at a time (a second lock); the others just spool. It reads
 the backlog a chunk at a time and stops at its deadline, so a call's time and memory do not grow with the
-backlog, and the spool is capped (cli_spool.py). A session that is not live is resumed when it was
+backlog, and the spool is capped (cli/spool.py). A session that is not live is resumed when it was
 suspended, else created (never created over a suspended one).
 
 When the spool holds nothing but this input, one POST to the daemon's /hooks/claude-code stores it and brings
-the answer (cli_post.py); else, before delivering, it asks the daemon for its answer (`hook.answer`: what the
+the answer (cli/post.py); else, before delivering, it asks the daemon for its answer (`hook.answer`: what the
 swarm has to tell this agent, and for an edit the lease policy's decision). It prints the answer, Claude
 Code's hook JSON output, on stdout; nothing else ever goes there, and nothing at all when there is nothing to
 say, the input is not a hook input or the daemon is away (an allow). It exits 0 whatever happens. Its imports
-are the standard library (JSON from `_json`: cli_json.py), and the pure converters and a small WebSocket
+are the standard library (JSON from `_json`: fastjson.py), and the pure converters and a small WebSocket
 client only when it delivers a backlog, so it is done within 200 ms
 including the interpreter's start. Configuration comes from the environment only (reading .env and
 validating every setting would cost more than the budget): MEMENTO_TOKEN, MEMENTO_DATA_DIR, and where the
@@ -32,8 +32,8 @@ import os
 import sys
 import time
 
-from memento_sessions import cli_json
-from memento_sessions.cli_spool import (
+from memento_sessions.cli import fastjson
+from memento_sessions.cli.spool import (
     MAX_INPUT,
     Locked,
     compact,
@@ -55,7 +55,7 @@ if TYPE_CHECKING:  # imported when delivering: a hook that only spools does with
     from collections.abc import Iterator
     from typing import Any, NoReturn
 
-    from memento_sessions.cli_wire import RpcFailure, Wire
+    from memento_sessions.cli.wire import RpcFailure, Wire
 
 
 STARTED = time.monotonic()
@@ -97,9 +97,9 @@ def spool_dir() -> str:
 
 
 def daemon_url() -> str:
-    """The daemon, by every command's rule (cli_wire.daemon_url): the data dir's runtime.json, else
+    """The daemon, by every command's rule (cli/wire.py\'s daemon_url): the data dir's runtime.json, else
     MEMENTO_URL, else MEMENTO_HOST / MEMENTO_PORT."""
-    from memento_sessions.cli_wire import daemon_url as find
+    from memento_sessions.cli.wire import daemon_url as find
 
     env = os.environ
     return find(os.path.dirname(spool_dir()), env.get("MEMENTO_URL"), env.get("MEMENTO_HOST"), env.get("MEMENTO_PORT"))
@@ -107,7 +107,7 @@ def daemon_url() -> str:
 
 def events_of(entry: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
     """The session id and the events of one spooled input (imported here: only a delivery needs them)."""
-    from memento_sessions.gitstate import DEFERRED, git_events
+    from memento_sessions.cli.gitstate import DEFERRED, git_events
     from memento_sessions.ingest.claude_hooks import convert_hook
     from memento_sessions.ingest.events import _ID_OK
 
@@ -134,7 +134,7 @@ class Spooled:
 def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
     """Emit the events into the session, bringing it back (resumed, else created) when it is not live;
     RpcFailure for a refusal."""
-    from memento_sessions.cli_wire import RpcFailure
+    from memento_sessions.cli.wire import RpcFailure
 
     for start in range(0, len(events), BATCH):
         batch = {"sessionId": sid, "events": events[start:start + BATCH]}
@@ -150,7 +150,7 @@ def send(wire: Wire, sid: str, events: list[dict[str, Any]]) -> None:
 def reopen(wire: Wire, sid: str) -> None:
     """A session that is not live: resume it when it was suspended (`session suspend`, then a resumed Claude
     session), else create it. Never a create over a suspended session: that would shadow its events."""
-    from memento_sessions.cli_wire import RpcFailure
+    from memento_sessions.cli.wire import RpcFailure
 
     if resume(wire, sid):
         return
@@ -167,7 +167,7 @@ def reopen(wire: Wire, sid: str) -> None:
 def resume(wire: Wire, sid: str) -> bool:
     """True when the session is live after a `session.resume` (by this call or another hook's), False when
     there is nothing to resume; RpcFailure when it cannot be (completed, archived)."""
-    from memento_sessions.cli_wire import RpcFailure
+    from memento_sessions.cli.wire import RpcFailure
 
     try:
         wire.call("session.resume", {"sessionId": sid})
@@ -200,7 +200,7 @@ def deliver(folder: str, deadline: float, kept: dict[str, Wire] | None = None) -
             token = os.environ.get("MEMENTO_TOKEN")
             if not token:
                 return False
-            from memento_sessions.cli_wire import WireError
+            from memento_sessions.cli.wire import WireError
 
             try:
                 return _deliver(folder, Wires(daemon_url(), token, deadline, kept or {}))
@@ -222,14 +222,14 @@ class Wires:
             wire.deadline, self.open[sid] = deadline, wire
 
     def of(self, sid: str) -> Wire:
-        from memento_sessions.cli_wire import Wire
+        from memento_sessions.cli.wire import Wire
 
         if sid not in self.open:
             self.open[sid] = Wire(self.url, self.token, self.deadline, sid)
         return self.open[sid]
 
     def remaining(self) -> float:
-        from memento_sessions.cli_wire import WireError
+        from memento_sessions.cli.wire import WireError
 
         left = self.deadline - time.monotonic()
         if left <= 0:
@@ -278,7 +278,7 @@ def groups(entries: list[Spooled]) -> Iterator[list[Spooled]]:
 def send_group(folder: str, wires: Wires, group: list[Spooled]) -> bool:
     """Send a group's events; an input refused for good is set aside (one by one when the group is refused).
     False when a refusal is for now: try again later."""
-    from memento_sessions.cli_wire import RpcFailure
+    from memento_sessions.cli.wire import RpcFailure
 
     sid = next((item.sid for item in group if item.sid), None)
     events = [event for item in group for event in item.events]
@@ -298,7 +298,7 @@ def send_group(folder: str, wires: Wires, group: list[Spooled]) -> bool:
 
 def reject(folder: str, entry: dict[str, Any], exc: RpcFailure) -> None:
     """Keep an input the daemon refuses as invalid in rejected.jsonl, with the reason."""
-    import json  # a rejection is rare: the lean path's cli_json has no `default`
+    import json  # a rejection is rare: the lean path's fastjson has no `default`
 
     line = json.dumps({"error": str(exc), "data": exc.data, **entry}, ensure_ascii=False, default=str)
     with Locked(os.path.join(folder, "rejected.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT) as fd:
@@ -326,7 +326,7 @@ def answer(record: Any, kept: dict[str, Wire]) -> dict[str, Any] | None:
     sid = record.get("session_id") if isinstance(record, dict) else None
     if not token or not isinstance(sid, str):
         return None
-    from memento_sessions.cli_wire import RpcFailure, Wire, WireError
+    from memento_sessions.cli.wire import RpcFailure, Wire, WireError
 
     try:
         wire = Wire(daemon_url(), token, STARTED + ANSWER_BUDGET, sid)
@@ -348,7 +348,7 @@ def read_input() -> Any:
     if not raw.strip() or len(raw) > MAX_INPUT:
         return None
     try:
-        return cli_json.loads(raw)
+        return fastjson.loads(raw)
     except ValueError:
         return None
 
@@ -386,26 +386,26 @@ def run_hook(argv: list[str]) -> int:
                 if gemini:
                     sys.stdout.write("{}")  # Gemini CLI reads any other stdout as a message to show
                 return 0
-            from memento_sessions import gitstate  # a commit now; the git state and uncommitted work by a child
+            from memento_sessions.cli import gitstate  # a commit now; the git state and uncommitted work by a child
 
             gitstate.stamp(record, slow=False)
             at, start, end = spool(record, folder)
             if gitstate.deferred(record):
-                from memento_sessions.cli_stamp import spawn
+                from memento_sessions.cli.stamp import spawn
 
                 spawn(record, at, folder)
             asked = time.monotonic()
-            from memento_sessions.cli_post import NOT_TAKEN, post_input
+            from memento_sessions.cli.post import NOT_TAKEN, post_input
 
             posted = post_input(record, at, start, end, folder)
             said = answer(record, kept) if posted is NOT_TAKEN else posted.answer
             delivered = posted.recorded
             if said or gemini:
-                sys.stdout.write(cli_json.dumps(gemini_answer(said) if gemini else said))
+                sys.stdout.write(fastjson.dumps(gemini_answer(said) if gemini else said))
                 sys.stdout.flush()
             answering = time.monotonic() - asked  # not taken from the delivery's budget
         else:
-            from memento_sessions.cli_stamp import wait_for_children
+            from memento_sessions.cli.stamp import wait_for_children
 
             wait_for_children(folder)  # the stamps detached children are still taking
         # A posted input recorded: this call's part is done (what others spooled meanwhile, they deliver).

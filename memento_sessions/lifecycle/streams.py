@@ -7,7 +7,7 @@ writes the hash and publishes: the session appears whole or not at all. A write 
 that expire with the TTL they were given, and the next write of the id clears them first. Each `ms_stage`
 call carries at most MEMENTO_STAGE_CHUNK_BYTES of events or ids (or one larger item), so no call of a
 copy holds Redis's one thread for long: other clients' commands run between two calls; and a namespace's
-copies write at most MEMENTO_STAGE_PACE_BYTES a second per daemon (pacing.py), so one tenant's forks
+copies write at most MEMENTO_STAGE_PACE_BYTES a second per daemon (limits.py), so one tenant's forks
 leave Redis free for the others most of the time. `ms_restore`
 writes only the hash and sets the TTLs: its work does not grow with the session.
 """
@@ -23,9 +23,9 @@ from redis.exceptions import ResponseError
 
 from memento_sessions.errors import Conflict, Reason
 from memento_sessions.keys import SessionKeys
+from memento_sessions.sessions.functions import FunctionStore
 from memento_sessions.sessions.models import MAX_EVENT_BYTES
 from memento_sessions.sessions.paging import seq_of
-from memento_sessions.sessions.store import FunctionStore
 
 SNAPSHOT_FIELDS = "~snap"  # the prefix of the ids-hash fields that are snapshots (and their list)
 
@@ -107,7 +107,7 @@ class Stager:
     def __init__(self, store: FunctionStore, skeys: SessionKeys, ttl: int, chunk_bytes: int,
                  pace: Callable[[int], Awaitable[None]] | None = None) -> None:
         self.store, self.skeys, self.ttl, self.chunk_bytes = store, skeys, ttl, chunk_bytes
-        self.pace = pace  # waits, before each call, for the namespace's budget of bytes a second (pacing.py)
+        self.pace = pace  # waits, before each call, for the namespace's budget of bytes a second (limits.py)
         self.token = uuid.uuid4().hex
 
     async def start(self) -> None:

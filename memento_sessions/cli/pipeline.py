@@ -1,4 +1,4 @@
-"""JSON-RPC requests pipelined on one blocking WebSocket (cli_wire's): how `memento-sessions ingest` sends.
+"""JSON-RPC requests pipelined on one blocking WebSocket (cli/wire.py's): how `memento-sessions ingest` sends.
 
 The async client and the websockets library cost about 0.15 s of CPU just to import (asyncio, ssl,
 importlib.metadata, email, structlog), a seventh of a 20,000-record ingest, spent before the first batch
@@ -16,7 +16,7 @@ import json
 import time
 from typing import Any
 
-from memento_sessions.cli_wire import RpcFailure, Wire, WireError
+from memento_sessions.cli.wire import RpcFailure, Wire, WireError
 from memento_sessions.retry import backoff_delay
 
 RETRIES = 5  # connections lost in a row, with no reply in between, before the run gives up
