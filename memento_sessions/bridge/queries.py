@@ -9,7 +9,7 @@ where it plans a plain one-hop pattern over several types as a far slower algebr
 from __future__ import annotations
 
 # $ids -> [[entityId], specTitles, clusterNames, [[benchmarkId, perfDelta]]]: what lies within two hops of
-# the entities (themselves included, as in blueprint 001, when they are specs, clusters or benchmarks).
+# the entities (themselves included when they are specs, clusters or benchmarks: a spec asked about is its own context).
 # Two one-hop steps with the first hop's nodes made distinct: entities of one cluster share the second
 # hop through it, where one two-hop traversal per entity walks every member of its cluster again.
 # The second hop leaves MEMBER_OF_CLUSTER out: from a cluster it leads only to member entities, which are
