@@ -67,8 +67,8 @@ def test_a_restart_after_loading_a_10000_node_graph_is_ready_within_2s(tmp_path:
 def test_the_daemon_gets_ready_without_importing_the_mcp_sdk() -> None:
     """Everything the daemon imports before serving, in a fresh interpreter: not the MCP SDK (a CPU second),
     which /mcp imports on its first request (mcp/http.py)."""
-    probe = ("import sys; from memento_sessions import cli; from memento_sessions.server import daemon, handshake; "
-             "cli.build_parser(); daemon.load_services(); "
+    probe = ("import sys; from memento_sessions.cli import commands; "
+             "from memento_sessions.server import daemon, handshake; commands.build_parser(); daemon.load_services(); "
              "print(sorted(name for name in sys.modules if name.split('.')[0] in ('mcp', 'mcp_types')))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
