@@ -61,7 +61,7 @@ def stamp(record: dict[str, Any], slow: bool = True) -> None:
         return
     if not slow and sha is None:
         return
-    timeout, root = _timeout(), record.get("cwd") if sha is not None else os.environ.get(
+    timeout, root = git_timeout(), record.get("cwd") if sha is not None else os.environ.get(
         "CLAUDE_PROJECT_DIR") or record.get("cwd")
     if timeout <= 0 or not isinstance(root, str) or not os.path.isdir(root):
         return
@@ -77,7 +77,7 @@ def stamp(record: dict[str, Any], slow: bool = True) -> None:
 def deferred(record: dict[str, Any]) -> bool:
     """Whether the input has slow stamps for a child to take (SessionStart, Stop, SessionEnd with git on)."""
     name = record.get("hook_event_name")
-    return (name in STAMPED or (name in PATCHED and patch_max() > 0)) and FIELD not in record and _timeout() > 0
+    return (name in STAMPED or (name in PATCHED and patch_max() > 0)) and FIELD not in record and git_timeout() > 0
 
 
 def patch_max() -> int:
@@ -88,11 +88,12 @@ def patch_max() -> int:
         return PATCH_MAX
 
 
-def work(root: str, timeout: float, limit: int) -> dict[str, Any] | None:
+def work(root: str, timeout: float, limit: int, clean: bool = False) -> dict[str, Any] | None:
     """The uncommitted work at `root` as a binary patch against HEAD, untracked files (not ignored) included:
     `{head, bytes, sha256, parts}` (parts: base64 of PART bytes each), or `{head, refused: "too_large", max}`
-    past `limit` bytes; None when clean, outside a work tree or past `timeout`. A copy of the index takes the
-    untracked files (`git add -A` on it), so the agent's own index is untouched."""
+    past `limit` bytes; None outside a work tree, past `timeout`, or when clean (with `clean`: an empty patch,
+    one empty part, so a checkout brings a tree to that HEAD and no older work). A copy of the index takes
+    the untracked files (`git add -A` on it), so the agent's own index is untouched."""
     import base64
     import hashlib
     import shutil
@@ -115,11 +116,11 @@ def work(root: str, timeout: float, limit: int) -> dict[str, Any] | None:
         patch = None if added is None else run_all(root, (diff,), deadline, keep=(0,), extra=extra, kept=limit + 1)
     finally:
         os.unlink(copy)
-    if patch is None or not patch[0]:
+    if patch is None or not (patch[0] or clean):
         return None
     if len(patch[0]) > limit:
         return {"head": head, "refused": "too_large", "max": limit}
-    parts = [base64.b64encode(patch[0][i:i + PART]).decode() for i in range(0, len(patch[0]), PART)]
+    parts = [base64.b64encode(patch[0][i:i + PART]).decode() for i in range(0, len(patch[0]), PART)] or [""]
     return {"head": head, "bytes": len(patch[0]), "sha256": hashlib.sha256(patch[0]).hexdigest(), "parts": parts}
 
 
@@ -152,7 +153,8 @@ def commit(root: str, sha: str, timeout: float) -> dict[str, Any] | None:
     return found if len(found["sha"]) in (40, 64) else None
 
 
-def _timeout() -> float:
+def git_timeout() -> float:
+    """MEMENTO_HOOK_GIT_TIMEOUT: the seconds git may take for a stamp (0: none taken)."""
     try:
         return max(0.0, float(os.environ.get("MEMENTO_HOOK_GIT_TIMEOUT") or DEFAULT_TIMEOUT))
     except ValueError:
@@ -293,6 +295,8 @@ def apply(into: str, head: str, patch: bytes) -> str | None:
         moved = git("checkout", "-q", "--detach", head)
         if moved.returncode != 0:
             return f"cannot check out {head} in {into} (fetch it first): {moved.stderr.decode().strip()}"
+    if not patch:  # the tree was clean: its HEAD is the work
+        return None
     applied = git("apply", "--binary", "--whitespace=nowarn", "-", stdin=patch)
     return None if applied.returncode == 0 else f"the patch does not apply: {applied.stderr.decode().strip()}"
 
