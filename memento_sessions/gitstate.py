@@ -253,30 +253,41 @@ def patch_events(work_done: dict[str, Any], at: str) -> list[dict[str, Any]]:
 
 
 def newest_patch(events: list[dict[str, Any]]) -> tuple[str, bytes] | str:
-    """(head, patch) of the newest complete `git:patch` set among a session's events, or why there is none."""
+    """(head, patch) of the newest complete `git:patch` set among a session's events, or why there is none.
+    Newest by when it was taken (its ids carry that time): a Stop's patch delivered late does not hide the one
+    a later `session suspend` stored. Parts that are not ours (a part that is no number) are passed over."""
     sets: dict[str, dict[int, dict[str, Any]]] = {}
     for event in events:
-        data = event.get("data")
-        if event.get("type") == PATCH_TYPE and isinstance(data, dict):
-            sets.setdefault(str(event.get("id", "")).rsplit(":", 1)[0], {})[int(data.get("part") or 0)] = data
-    for parts in reversed(list(sets.values())):  # newest first (events come in seq order)
-        first = parts.get(0) or {}
+        data, name = event.get("data"), str(event.get("id", "")).rsplit(":", 1)[0]
+        if event.get("type") == PATCH_TYPE and isinstance(data, dict) and name.startswith(f"{PATCH_TYPE}:") \
+                and isinstance(data.get("part", 0), int):
+            sets.setdefault(name, {})[data.get("part", 0)] = data
+    for name in sorted(sets, reverse=True):  # `git:patch:<UTC time>`: the newest first
+        parts, first = sets[name], sets[name].get(0) or {}
         if first.get("refused"):
             return f"the uncommitted work was not stored: larger than {first.get('max')} bytes " \
                    "(MEMENTO_HOOK_PATCH_MAX_BYTES)"
-        if len(parts) == first.get("parts"):
-            return patch_of(first, [parts[i]["data"] for i in range(len(parts))])
-    return "the session has no stored uncommitted work (the hook stores it at Stop and SessionEnd)"
+        if len(parts) == first.get("parts") and all(i in parts for i in range(len(parts))):
+            return patch_of(first, [parts[i].get("data") for i in range(len(parts))])
+    return "the session has no stored uncommitted work (the hook stores it at Stop and SessionEnd, " \
+           "`session suspend` from a git work tree)"
 
 
-def patch_of(first: dict[str, Any], chunks: list[str]) -> tuple[str, bytes] | str:
+def patch_of(first: dict[str, Any], chunks: list[Any]) -> tuple[str, bytes] | str:
+    """The patch the parts make, if its digest matches and its HEAD is a commit id (never an option for git)."""
     import base64
     import hashlib
+    import re
 
-    patch = b"".join(base64.b64decode(chunk) for chunk in chunks)
-    if hashlib.sha256(patch).hexdigest() != first.get("sha256"):
-        return "the stored uncommitted work is damaged (its digest does not match)"
-    return str(first.get("head")), patch
+    try:
+        patch = b"".join(base64.b64decode(chunk, validate=True) for chunk in chunks)
+    except (ValueError, TypeError):  # binascii.Error is a ValueError
+        patch = None
+    head = first.get("head")
+    if patch is None or hashlib.sha256(patch).hexdigest() != first.get("sha256") or not isinstance(head, str) \
+            or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", head):
+        return "the stored uncommitted work is damaged (its digest or its HEAD does not match)"
+    return head, patch
 
 
 def apply(into: str, head: str, patch: bytes) -> str | None:

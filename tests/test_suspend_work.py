@@ -3,6 +3,8 @@ however it was suspended, keeps the work stored before, and `session checkout` b
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ import redis.asyncio as aioredis
 
 from memento_sessions import keys
 from memento_sessions.cli import main
+from memento_sessions.gitstate import PATCH_MAX, newest_patch, patch_events, work
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.sessions.lifecycle_methods import LifecycleService
 from tests.helpers import SECRET, token
@@ -195,3 +198,41 @@ async def test_a_patch_stored_at_stop_survives_an_idle_and_an_rpc_suspend(
     assert code == 0 and "applied" in out
     carries_the_work(repo, other)
 
+
+
+async def test_checkout_takes_the_newest_work_by_when_it_was_taken_and_passes_over_parts_not_its_own(
+        daemon: Daemon, cli: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo, other = trees(tmp_path)
+    newer = work(str(repo), 20.0, PATCH_MAX, True)
+    (repo / "f2.py").write_text("older\n")
+    older = work(str(repo), 20.0, PATCH_MAX, True)  # another tree's work, taken a second before
+    assert newer is not None and older is not None and newer["sha256"] != older["sha256"]
+    odd = [{"id": "git:patch:2026-01-01T00:00:03.000000Z:0", "type": "git:patch", "data": {"part": "x"}},
+           {"id": "git:patch:2026-01-01T00:00:04.000000Z:0", "type": "git:patch", "data": {**newer, "parts": 2}}]
+    async with rpc(daemon.port, token("alice", cli)) as peer:
+        for sid, events in (("late", patch_events(newer, "2026-01-01T00:00:02.000000Z")
+                             + patch_events(older, "2026-01-01T00:00:01.000000Z")),  # a Stop delivered late
+                            ("odd", patch_events(newer, "2026-01-01T00:00:02.000000Z") + odd)):
+            await peer.call("session.create", {"sessionId": sid})
+            await peer.call("event.emitBatch", {"sessionId": sid, "events": events})
+    (repo / "f2.py").write_text("x = 2\n")
+    git(other, "fetch", "-q", str(repo), "HEAD")
+    for sid in ("late", "odd"):
+        code, out = await run(capsys, "session", "--namespace", cli, "checkout", sid, "--into", str(other))
+        assert code == 0 and out.startswith(f"applied {newer['bytes']} bytes")
+        carries_the_work(repo, other)
+        git(other, "reset", "-q", "--hard")
+        git(other, "clean", "-qfd")
+
+
+def test_a_stored_head_that_is_no_commit_id_is_refused() -> None:
+    found = work_of(b"diff --git a/x b/x\n", head="--orphan=x")
+    assert newest_patch(patch_events(found, "2026-01-01T00:00:01.000000Z")) == \
+        "the stored uncommitted work is damaged (its digest or its HEAD does not match)"
+    assert newest_patch(patch_events({**found, "head": "a" * 40}, "2026-01-01T00:00:01.000000Z")) == (
+        "a" * 40, b"diff --git a/x b/x\n")
+
+
+def work_of(patch: bytes, head: str) -> dict[str, Any]:
+    return {"head": head, "bytes": len(patch), "sha256": hashlib.sha256(patch).hexdigest(),
+            "parts": [base64.b64encode(patch).decode()]}
