@@ -70,7 +70,7 @@ def stamp(record: dict[str, Any], slow: bool = True) -> None:
     if name in STAMPED and slow:
         found[FIELD] = state(root, timeout)
     if name in PATCHED and slow and patch_max() > 0:
-        found[PATCH_FIELD] = work(root, max(0.0, deadline - time.monotonic()), patch_max())
+        found[PATCH_FIELD] = work(root, max(0.0, deadline - time.monotonic()), patch_max(), clean=True)
     record.update({key: value for key, value in found.items() if value is not None})
 
 

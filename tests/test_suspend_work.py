@@ -200,6 +200,26 @@ async def test_a_patch_stored_at_stop_survives_an_idle_and_an_rpc_suspend(
 
 
 
+async def test_a_stop_at_a_clean_tree_records_its_head_over_an_earlier_stop_s_work(
+        daemon: Daemon, cli: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo, other = trees(tmp_path)
+    env = {**hook_env(tmp_path / "hookdata", cli, daemon.port), "MEMENTO_HOOK_GIT_TIMEOUT": "20"}
+    stop = {"session_id": "claude-c", "hook_event_name": "Stop", "cwd": str(repo)}
+    assert (await anyio.to_thread.run_sync(run_hook, env, stop)).returncode == 0
+    assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "the work, committed")  # then the agent stops again, nothing uncommitted
+    assert (await anyio.to_thread.run_sync(run_hook, env, stop)).returncode == 0
+    assert (await anyio.to_thread.run_sync(run_hook, env, None, "--flush")).returncode == 0
+    work = await patches(daemon, cli, "claude-c")
+    assert [p["bytes"] > 0 for p in work] == [True, False] and work[1]["head"] == git(repo, "rev-parse", "HEAD").strip()
+    git(other, "fetch", "-q", str(repo), "HEAD")
+    code, out = await run(capsys, "session", "--namespace", cli, "checkout", "claude-c", "--into", str(other))
+    assert code == 0 and out.startswith("applied 0 bytes")
+    carries_the_work(repo, other)
+    assert git(other, "status", "--porcelain") == ""
+
+
 async def test_checkout_takes_the_newest_work_by_when_it_was_taken_and_passes_over_parts_not_its_own(
         daemon: Daemon, cli: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     repo, other = trees(tmp_path)
