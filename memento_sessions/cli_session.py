@@ -3,7 +3,8 @@
 The commands are a client of the daemon like any other (memento_sessions.client.Client): they find it as
 every command does (the data dir's runtime.json, else MEMENTO_URL, else MEMENTO_HOST / MEMENTO_PORT), and
 act as MEMENTO_TOKEN when it is set, else sign a token with the data dir's secret for the namespace given.
-Tables are for people; `--json` prints the results as they come from the daemon, for scripts.
+Tables are for people; `--json` prints the results as they come from the daemon, for scripts. `suspend` run
+in a git work tree stores its uncommitted work with the session first, and `checkout` applies it elsewhere.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ so Claude Code does not wait for it), which takes them and appends them to the s
 next hook call delivers it. Each child holds a shared flock on `<spool>/stamping.lock` (taken by the hook
 before the spawn, so none is missed), and `hook --flush` waits for them all before it delivers. Only the
 commit stamp of a PostToolUse (a few milliseconds, small outputs) stays in the hook call.
+
+`memento-sessions session suspend` takes the uncommitted work of the tree it runs in the same way (`work`,
+`patch_events`: cli_session.py), and `session checkout` reads the newest back (`newest_patch`, `apply`).
 """
 
 from __future__ import annotations
