@@ -22,7 +22,7 @@ from memento_sessions.auth import issue_token
 from memento_sessions.cli_wire import daemon_url as find_daemon
 from memento_sessions.client import Client
 from memento_sessions.embedded.datadir import existing_auth_secret
-from memento_sessions.errors import ConfigError, NotFound, RpcError
+from memento_sessions.errors import ConfigError, Conflict, Forbidden, NotFound, RpcError
 from memento_sessions.settings import Settings
 
 Action = Callable[[Client, argparse.Namespace], Awaitable[Any]]
@@ -171,8 +171,8 @@ async def store_work(client: Client, session_id: str, root: str, explicit: bool)
     try:
         await client.call("event.emitBatch", {"sessionId": session_id, "events": patch_events(found, now_iso())})
     except RpcError as exc:
-        if exc.code == NotFound.code:
-            return  # not live: session.suspend says why
+        if exc.code in (NotFound.code, Conflict.code, Forbidden.code):
+            return  # not live, completed, not this token's: session.suspend says so
         raise CommandFailed(f"the uncommitted work was not stored: {exc.message} ({exc.code}); the session was "
                             "not suspended (--no-work suspends it without)") from exc
     note(stored_note(found, root))

@@ -142,6 +142,21 @@ async def test_outside_a_work_tree_or_with_no_work_suspend_stores_nothing(
         "stored"]
 
 
+async def test_a_session_that_cannot_be_suspended_is_said_once_by_the_suspend(
+        daemon: Daemon, cli: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    repo, _ = trees(tmp_path)
+    async with rpc(daemon.port, token("alice", cli)) as peer:
+        await peer.call("session.create", {"sessionId": "done", "entityIds": ["fn:a"]})
+        await peer.call("session.checkpoint", {"sessionId": "done", "final": True})
+    monkeypatch.chdir(repo)
+    capsys.readouterr()
+    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "suspend", "done"])
+    assert code == 1 and cli_lines(capsys.readouterr().err) == [
+        "memento-sessions session suspend: a completed session is not suspended (-32009)"]
+    assert await patches(daemon, cli, "done") == []
+
+
 async def test_a_suspend_from_a_clean_tree_records_its_head_over_older_work(
         daemon: Daemon, cli: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
