@@ -142,6 +142,23 @@ async def test_outside_a_work_tree_or_with_no_work_suspend_stores_nothing(
         "stored"]
 
 
+async def test_git_past_its_time_stores_nothing_says_so_and_the_session_suspends(
+        daemon: Daemon, cli: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    repo, _ = trees(tmp_path)
+    async with rpc(daemon.port, token("alice", cli)) as peer:
+        await peer.call("session.create", {"sessionId": "slow"})
+    monkeypatch.setenv("MEMENTO_HOOK_GIT_TIMEOUT", "0.001")  # no git answers that fast
+    capsys.readouterr()
+    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "--json", "suspend", "slow",
+                                                 "--work-tree", str(repo)])
+    out, err = capsys.readouterr()
+    assert code == 0 and json.loads(out)["status"] == "suspended"
+    assert cli_lines(err) == [f"memento-sessions session suspend: the uncommitted work of {repo} was not stored: "
+                              "git took longer than MEMENTO_HOOK_GIT_TIMEOUT (0.001 s)"]
+    assert await patches(daemon, cli, "slow") == []
+
+
 async def test_a_session_that_cannot_be_suspended_is_said_once_by_the_suspend(
         daemon: Daemon, cli: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
