@@ -25,7 +25,8 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-def cli_env(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, namespace: str) -> str:
+def cli_env(daemon: Daemon, monkeypatch: pytest.MonkeyPatch, namespace: str, tmp_path: Path) -> str:
+    monkeypatch.chdir(tmp_path)  # not in a git work tree: `session suspend` stores no work (test_suspend_work.py)
     monkeypatch.setenv("MEMENTO_PORT", str(daemon.port))
     monkeypatch.setenv("MEMENTO_AUTH_SECRET", SECRET)
     monkeypatch.setenv("MEMENTO_DATA_DIR", str(daemon.settings.data_dir))

@@ -20,6 +20,9 @@ so Claude Code does not wait for it), which takes them and appends them to the s
 next hook call delivers it. Each child holds a shared flock on `<spool>/stamping.lock` (taken by the hook
 before the spawn, so none is missed), and `hook --flush` waits for them all before it delivers. Only the
 commit stamp of a PostToolUse (a few milliseconds, small outputs) stays in the hook call.
+
+`memento-sessions session suspend` takes the uncommitted work of the tree it runs in the same way (`work`,
+`patch_events`: cli_session.py), and `session checkout` reads the newest back (`newest_patch`, `apply`).
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ def stamp(record: dict[str, Any], slow: bool = True) -> None:
         return
     if not slow and sha is None:
         return
-    timeout, root = _timeout(), record.get("cwd") if sha is not None else os.environ.get(
+    timeout, root = git_timeout(), record.get("cwd") if sha is not None else os.environ.get(
         "CLAUDE_PROJECT_DIR") or record.get("cwd")
     if timeout <= 0 or not isinstance(root, str) or not os.path.isdir(root):
         return
@@ -70,14 +73,14 @@ def stamp(record: dict[str, Any], slow: bool = True) -> None:
     if name in STAMPED and slow:
         found[FIELD] = state(root, timeout)
     if name in PATCHED and slow and patch_max() > 0:
-        found[PATCH_FIELD] = work(root, max(0.0, deadline - time.monotonic()), patch_max())
+        found[PATCH_FIELD] = work(root, max(0.0, deadline - time.monotonic()), patch_max(), clean=True)
     record.update({key: value for key, value in found.items() if value is not None})
 
 
 def deferred(record: dict[str, Any]) -> bool:
     """Whether the input has slow stamps for a child to take (SessionStart, Stop, SessionEnd with git on)."""
     name = record.get("hook_event_name")
-    return (name in STAMPED or (name in PATCHED and patch_max() > 0)) and FIELD not in record and _timeout() > 0
+    return (name in STAMPED or (name in PATCHED and patch_max() > 0)) and FIELD not in record and git_timeout() > 0
 
 
 def patch_max() -> int:
@@ -88,11 +91,12 @@ def patch_max() -> int:
         return PATCH_MAX
 
 
-def work(root: str, timeout: float, limit: int) -> dict[str, Any] | None:
+def work(root: str, timeout: float, limit: int, clean: bool = False) -> dict[str, Any] | None:
     """The uncommitted work at `root` as a binary patch against HEAD, untracked files (not ignored) included:
     `{head, bytes, sha256, parts}` (parts: base64 of PART bytes each), or `{head, refused: "too_large", max}`
-    past `limit` bytes; None when clean, outside a work tree or past `timeout`. A copy of the index takes the
-    untracked files (`git add -A` on it), so the agent's own index is untouched."""
+    past `limit` bytes; None outside a work tree, past `timeout`, or when clean (with `clean`: an empty patch,
+    one empty part, so a checkout brings a tree to that HEAD and no older work). A copy of the index takes
+    the untracked files (`git add -A` on it), so the agent's own index is untouched."""
     import base64
     import hashlib
     import shutil
@@ -115,11 +119,11 @@ def work(root: str, timeout: float, limit: int) -> dict[str, Any] | None:
         patch = None if added is None else run_all(root, (diff,), deadline, keep=(0,), extra=extra, kept=limit + 1)
     finally:
         os.unlink(copy)
-    if patch is None or not patch[0]:
+    if patch is None or not (patch[0] or clean):
         return None
     if len(patch[0]) > limit:
         return {"head": head, "refused": "too_large", "max": limit}
-    parts = [base64.b64encode(patch[0][i:i + PART]).decode() for i in range(0, len(patch[0]), PART)]
+    parts = [base64.b64encode(patch[0][i:i + PART]).decode() for i in range(0, len(patch[0]), PART)] or [""]
     return {"head": head, "bytes": len(patch[0]), "sha256": hashlib.sha256(patch[0]).hexdigest(), "parts": parts}
 
 
@@ -152,7 +156,8 @@ def commit(root: str, sha: str, timeout: float) -> dict[str, Any] | None:
     return found if len(found["sha"]) in (40, 64) else None
 
 
-def _timeout() -> float:
+def git_timeout() -> float:
+    """MEMENTO_HOOK_GIT_TIMEOUT: the seconds git may take for a stamp (0: none taken)."""
     try:
         return max(0.0, float(os.environ.get("MEMENTO_HOOK_GIT_TIMEOUT") or DEFAULT_TIMEOUT))
     except ValueError:
@@ -251,30 +256,41 @@ def patch_events(work_done: dict[str, Any], at: str) -> list[dict[str, Any]]:
 
 
 def newest_patch(events: list[dict[str, Any]]) -> tuple[str, bytes] | str:
-    """(head, patch) of the newest complete `git:patch` set among a session's events, or why there is none."""
+    """(head, patch) of the newest complete `git:patch` set among a session's events, or why there is none.
+    Newest by when it was taken (its ids carry that time): a Stop's patch delivered late does not hide the one
+    a later `session suspend` stored. Parts that are not ours (a part that is no number) are passed over."""
     sets: dict[str, dict[int, dict[str, Any]]] = {}
     for event in events:
-        data = event.get("data")
-        if event.get("type") == PATCH_TYPE and isinstance(data, dict):
-            sets.setdefault(str(event.get("id", "")).rsplit(":", 1)[0], {})[int(data.get("part") or 0)] = data
-    for parts in reversed(list(sets.values())):  # newest first (events come in seq order)
-        first = parts.get(0) or {}
+        data, name = event.get("data"), str(event.get("id", "")).rsplit(":", 1)[0]
+        if event.get("type") == PATCH_TYPE and isinstance(data, dict) and name.startswith(f"{PATCH_TYPE}:") \
+                and isinstance(data.get("part", 0), int):
+            sets.setdefault(name, {})[data.get("part", 0)] = data
+    for name in sorted(sets, reverse=True):  # `git:patch:<UTC time>`: the newest first
+        parts, first = sets[name], sets[name].get(0) or {}
         if first.get("refused"):
             return f"the uncommitted work was not stored: larger than {first.get('max')} bytes " \
                    "(MEMENTO_HOOK_PATCH_MAX_BYTES)"
-        if len(parts) == first.get("parts"):
-            return patch_of(first, [parts[i]["data"] for i in range(len(parts))])
-    return "the session has no stored uncommitted work (the hook stores it at Stop and SessionEnd)"
+        if len(parts) == first.get("parts") and all(i in parts for i in range(len(parts))):
+            return patch_of(first, [parts[i].get("data") for i in range(len(parts))])
+    return "the session has no stored uncommitted work (the hook stores it at Stop and SessionEnd, " \
+           "`session suspend` from a git work tree)"
 
 
-def patch_of(first: dict[str, Any], chunks: list[str]) -> tuple[str, bytes] | str:
+def patch_of(first: dict[str, Any], chunks: list[Any]) -> tuple[str, bytes] | str:
+    """The patch the parts make, if its digest matches and its HEAD is a commit id (never an option for git)."""
     import base64
     import hashlib
+    import re
 
-    patch = b"".join(base64.b64decode(chunk) for chunk in chunks)
-    if hashlib.sha256(patch).hexdigest() != first.get("sha256"):
-        return "the stored uncommitted work is damaged (its digest does not match)"
-    return str(first.get("head")), patch
+    try:
+        patch = b"".join(base64.b64decode(chunk, validate=True) for chunk in chunks)
+    except (ValueError, TypeError):  # binascii.Error is a ValueError
+        patch = None
+    head = first.get("head")
+    if patch is None or hashlib.sha256(patch).hexdigest() != first.get("sha256") or not isinstance(head, str) \
+            or not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", head):
+        return "the stored uncommitted work is damaged (its digest or its HEAD does not match)"
+    return head, patch
 
 
 def apply(into: str, head: str, patch: bytes) -> str | None:
@@ -293,6 +309,8 @@ def apply(into: str, head: str, patch: bytes) -> str | None:
         moved = git("checkout", "-q", "--detach", head)
         if moved.returncode != 0:
             return f"cannot check out {head} in {into} (fetch it first): {moved.stderr.decode().strip()}"
+    if not patch:  # the tree was clean: its HEAD is the work
+        return None
     applied = git("apply", "--binary", "--whitespace=nowarn", "-", stdin=patch)
     return None if applied.returncode == 0 else f"the patch does not apply: {applied.stderr.decode().strip()}"
 

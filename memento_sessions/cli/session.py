@@ -3,7 +3,8 @@
 The commands are a client of the daemon like any other (memento_sessions.client.Client): they find it as
 every command does (the data dir's runtime.json, else MEMENTO_URL, else MEMENTO_HOST / MEMENTO_PORT), and
 act as MEMENTO_TOKEN when it is set, else sign a token with the data dir's secret for the namespace given.
-Tables are for people; `--json` prints the results as they come from the daemon, for scripts.
+Tables are for people; `--json` prints the results as they come from the daemon, for scripts. `suspend` run
+in a git work tree stores its uncommitted work with the session first, and `checkout` applies it elsewhere.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from memento_sessions.auth import issue_token
 from memento_sessions.cli.wire import daemon_url as find_daemon
 from memento_sessions.client import Client
 from memento_sessions.embedded.datadir import existing_auth_secret
-from memento_sessions.errors import ConfigError, RpcError
+from memento_sessions.errors import ConfigError, Conflict, Forbidden, NotFound, RpcError
 from memento_sessions.settings import Settings
 
 Action = Callable[[Client, argparse.Namespace], Awaitable[Any]]
@@ -141,6 +142,55 @@ async def checkout(client: Client, args: argparse.Namespace) -> Any:
     return f"applied {len(patch)} bytes of uncommitted work of {args.id} to {args.into} at {head}"
 
 
+async def suspend(client: Client, args: argparse.Namespace) -> Any:
+    """Store the uncommitted work of the work tree (here, or --work-tree) with the session, then suspend it."""
+    if args.work:
+        await store_work(client, args.id, args.work_tree or ".", explicit=args.work_tree is not None)
+    return await client.call("session.suspend", {"sessionId": args.id})
+
+
+async def store_work(client: Client, session_id: str, root: str, explicit: bool) -> None:
+    """The tree's uncommitted work (a clean tree: its HEAD) as the session's `git:patch` events, as the hook
+    stores it at Stop: at most MEMENTO_HOOK_PATCH_MAX_BYTES (a larger patch is refused: one event says so),
+    git within MEMENTO_HOOK_GIT_TIMEOUT. What became of it is said on stderr; nothing outside a work tree."""
+    from memento_sessions.cli.gitstate import git_timeout, patch_events, patch_max, work
+    from memento_sessions.cli.spool import now_iso
+
+    limit, timeout = patch_max(), git_timeout()
+    if limit <= 0 or timeout <= 0:
+        return
+    started = anyio.current_time()
+    found = await anyio.to_thread.run_sync(work, root, timeout, limit, True)
+    if found is None:
+        if anyio.current_time() - started >= timeout:
+            note(f"the uncommitted work of {root} was not stored: git took longer than MEMENTO_HOOK_GIT_TIMEOUT "
+                 f"({timeout:g} s)")
+        elif explicit:
+            note(f"{root} is not a git work tree with a commit: no uncommitted work stored")
+        return
+    try:
+        await client.call("event.emitBatch", {"sessionId": session_id, "events": patch_events(found, now_iso())})
+    except RpcError as exc:
+        if exc.code in (NotFound.code, Conflict.code, Forbidden.code):
+            return  # not live, completed, not this token's: session.suspend says so
+        raise CommandFailed(f"the uncommitted work was not stored: {exc.message} ({exc.code}); the session was "
+                            "not suspended (--no-work suspends it without)") from exc
+    note(stored_note(found, root))
+
+
+def stored_note(found: dict[str, Any], root: str) -> str:
+    if found.get("refused"):
+        return f"the uncommitted work of {root} was not stored: larger than {found.get('max')} bytes " \
+               "(MEMENTO_HOOK_PATCH_MAX_BYTES)"
+    if not found["bytes"]:
+        return f"{root} has no uncommitted work: stored its HEAD {found['head']}"
+    return f"stored {found['bytes']} bytes of uncommitted work of {root} at {found['head']}"
+
+
+def note(line: str) -> None:
+    print(f"memento-sessions session suspend: {line}", file=sys.stderr)
+
+
 class CommandFailed(Exception):
     """A command that cannot do what it was asked, and why (printed, exit 1)."""
 
@@ -197,7 +247,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--at", type=int, required=True)
     p.add_argument("--new-id", dest="new_id")
     p.set_defaults(session_func=fork)
-    for name in ("suspend", "resume", "clear"):
+    p = actions.add_parser("suspend", help="suspend a session, with the uncommitted work of the git work tree here")
+    p.add_argument("id")
+    p.add_argument("--work-tree", dest="work_tree", metavar="DIR", help="the git work tree whose uncommitted "
+                   "work is stored with the session (default: the current directory, when it is one)")
+    p.add_argument("--no-work", dest="work", action="store_false", help="store no uncommitted work")
+    p.set_defaults(session_func=suspend)
+    for name in ("resume", "clear"):
         p = actions.add_parser(name, help=f"{name} a session" + (" (admin scope)" if name == "clear" else ""))
         p.add_argument("id")
         p.set_defaults(session_func=one(f"session.{name}"))
