@@ -13,6 +13,7 @@ from memento_sessions.bridge.methods import BridgeMethods
 from memento_sessions.checkpoints.methods import CheckpointMethods
 from memento_sessions.coordination.methods import CoordinationMethods
 from memento_sessions.coordination.service import Coordination
+from memento_sessions.history.methods import HistoryMethods
 from memento_sessions.kg.methods import GraphMethods
 from memento_sessions.lifecycle.methods import LifecycleService
 from memento_sessions.rpc import Call, Handler, Result
@@ -39,6 +40,7 @@ class Parts:
 
     sessions: SessionMethods
     lifecycle: LifecycleService
+    history: HistoryMethods
     conversation: ConversationMethods
     subscriptions: Subscribing
     checkpoints: CheckpointMethods

@@ -6,7 +6,8 @@ from __future__ import annotations
 from memento_sessions.api.args import AtSeq, BeforeSeq, ForkSessionId, FromSeq, LifecycleSessionId, ToSeq
 from memento_sessions.api.spec import ADMIN, READ, WRITE, Arg, Declared, Tool
 from memento_sessions.client.results import Cleared, Compacted, Diff, Forked, Moved, Snapshotted
-from memento_sessions.lifecycle.methods import CompactParams, DiffParams, ForkParams
+from memento_sessions.history.methods import CompactParams, DiffParams
+from memento_sessions.lifecycle.methods import ForkParams
 from memento_sessions.sessions.methods import SessionParams
 
 LIFECYCLE: tuple[Declared, ...] = (
@@ -15,7 +16,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         DiffParams,
         Diff,
         READ,
-        lambda s: s.lifecycle.diff,
+        lambda s: s.history.diff,
         "What happened in a session between two seqs.",
         tools=(
             Tool(
@@ -39,7 +40,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         SessionParams,
         Snapshotted,
         WRITE,
-        lambda s: s.lifecycle.snapshot,
+        lambda s: s.history.snapshot,
         "Store the session's condensed state at its current seq.",
         tools=(
             Tool(
@@ -57,7 +58,7 @@ LIFECYCLE: tuple[Declared, ...] = (
         CompactParams,
         Compacted,
         WRITE,
-        lambda s: s.lifecycle.compact,
+        lambda s: s.history.compact,
         "Snapshot a session and remove its events up to a seq.",
         tools=(
             Tool(

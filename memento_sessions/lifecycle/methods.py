@@ -1,5 +1,6 @@
-"""JSON-RPC methods of event sourcing and the lifecycle (session.diff, .snapshot, .compact, .fork, .suspend,
-.resume), and the lifecycle's background work (suspending idle sessions, archiving old ones).
+"""JSON-RPC methods of the lifecycle (session.fork, .suspend, .resume, .clear), and its background work
+(suspending idle sessions, archiving old ones). Event sourcing's (session.diff, .snapshot, .compact) are in
+history/methods.py, over the `History` built here.
 
 It also holds the lifecycle's variants of three methods of `methods.py`, which api/ declares in their place:
 `session.get {atSeq}`, `session.list {status}` and `session.create {onIdle}`.
@@ -83,22 +84,14 @@ class CreateIdleParams(CreateParams):
     onIdle: Literal["expire", "suspend"] | None = None
 
 
-class DiffParams(SessionParams):
-    fromSeq: Seq
-    toSeq: Seq
-
-
-class CompactParams(SessionParams):
-    beforeSeq: Seq | None = Field(default=None, ge=1)
-
-
 class ForkParams(SessionParams):
     atSeq: Seq
     newSessionId: ClientId | None = None
 
 
 class LifecycleService:
-    """History and Lifecycle over the manager, their methods, and the idle/archive loop."""
+    """The Lifecycle (and the History its stored reads fold through) over the manager, their methods, and the
+    idle/archive loop."""
 
     def __init__(self, manager: SessionManager, backends: Backends) -> None:
         self.manager, self.settings = manager, manager.settings
@@ -296,15 +289,6 @@ class LifecycleService:
 
     async def list_(self, call: Call, p: ListStatusParams) -> Result:
         return await self.list_sessions(call.identity.namespace, p)
-
-    async def diff(self, call: Call, p: DiffParams) -> Result:
-        return await self.history.diff(call.identity.namespace, p.sessionId, p.fromSeq, p.toSeq)
-
-    async def snapshot(self, call: Call, p: SessionParams) -> Result:
-        return await self.history.snapshot(call.identity.namespace, p.sessionId)
-
-    async def compact(self, call: Call, p: CompactParams) -> Result:
-        return await self.history.compact(call.identity.namespace, p.sessionId, p.beforeSeq)
 
     async def fork(self, call: Call, p: ForkParams) -> Result:
         async with self.heavy.slot():

@@ -24,6 +24,7 @@ from memento_sessions.checkpoints.triggers import Triggers
 from memento_sessions.coordination.methods import CoordinationMethods
 from memento_sessions.coordination.service import Coordination
 from memento_sessions.embedded.datadir import auth_secret
+from memento_sessions.history.methods import HistoryMethods
 from memento_sessions.history.views import auto_compaction
 from memento_sessions.kg.graph import Graphs
 from memento_sessions.kg.methods import GraphMethods
@@ -86,7 +87,8 @@ async def open_services(settings: Settings, backends: Backends, redis_url: str) 
             coordination = Coordination(manager, fanout, graphs, settings, uuid.uuid4().hex[:12])
             await tg.start(coordination.run)
             registry = build_registry(Parts(
-                sessions=SessionMethods(manager), lifecycle=lifecycle, conversation=ConversationMethods(manager),
+                sessions=SessionMethods(manager), lifecycle=lifecycle, history=HistoryMethods(lifecycle.history),
+                conversation=ConversationMethods(manager),
                 subscriptions=Subscriptions(manager, fanout), checkpoints=CheckpointMethods(checkpointer),
                 graph=GraphMethods(graphs), bridge=BridgeMethods(bridge),
                 coordination=CoordinationMethods(coordination), coord=coordination, usage=UsageMethods(usage)))
