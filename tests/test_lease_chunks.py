@@ -26,7 +26,7 @@ from memento_sessions.backends import Backends, is_cluster_client
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.errors import NotFound
+from memento_sessions.errors import Conflict, NotFound
 from tests.helpers import make_settings
 
 pytestmark = pytest.mark.anyio
@@ -253,3 +253,14 @@ async def test_a_release_cut_short_ends_the_lease_and_the_reaper_finishes_it(
         await nothing_held(backends, namespace)
         with pytest.raises(NotFound):
             await leases.release(a, lease["leaseId"])  # run again: already gone
+
+
+async def test_an_entity_at_its_holds_cap_in_the_last_part_refuses_the_grant_and_leaves_nothing(
+        backends: Backends, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    async with direct(backends, backend_urls, tmp_path, lease_max_holds=1) as leases:
+        await leases.acquire(who("b", namespace), ["e4000"], 60, "shared")
+        with pytest.raises(Conflict) as refused:
+            await leases.acquire(who("a", namespace), ENTITIES, 60, "shared")
+        assert refused.value.data["reason"] == "entity_holds" and "e4000" in refused.value.message
+        assert await backends.redis.hgetall(keys.lease_keys(namespace).counts) == {"e4000": "1"}
+        assert [lease["agentId"] for lease in (await leases.listed(namespace))["leases"]] == ["b"]
