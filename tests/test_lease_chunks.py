@@ -264,3 +264,18 @@ async def test_an_entity_at_its_holds_cap_in_the_last_part_refuses_the_grant_and
         assert refused.value.data["reason"] == "entity_holds" and "e4000" in refused.value.message
         assert await backends.redis.hgetall(keys.lease_keys(namespace).counts) == {"e4000": "1"}
         assert [lease["agentId"] for lease in (await leases.listed(namespace))["leases"]] == ["b"]
+
+
+async def test_a_daemon_of_the_version_before_parts_still_renews_and_releases_a_lease_whole(
+        backends: Backends, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    """During a rolling upgrade the library is the newest one loaded: the calls of a daemon that knows no parts
+    (no part, no budget) get the replies they expect and act on every part."""
+    async with direct(backends, backend_urls, tmp_path) as leases:
+        lkeys, now = keys.lease_keys(namespace), int(time.time() * 1000)
+        lease = await leases.acquire(who("a", namespace), ENTITIES, 60, "exclusive")
+        expires, moved = await leases.store.call("mc_renew", lkeys.all(), now, "a", lease["leaseId"], 600_000)
+        assert int(expires) == now + 600_000 and int(moved) == 4096
+        assert {await backends.redis.zscore(lkeys.hold("exclusive", e), f"a/{lease['leaseId']}/")
+                for e in ENTITIES[::255]} == {now + 600_000}
+        assert await leases.store.call("mc_release", lkeys.all(), now, "a", lease["leaseId"]) == 4097
+        await nothing_held(backends, namespace)

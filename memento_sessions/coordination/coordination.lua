@@ -33,7 +33,7 @@ local GRAPH = '\1graph' -- the fence hash's field of the namespace's graph versi
 local KEEP = 7200 -- seconds a coordination key outlives its last write: the longest lease (3600) plus grace
 local SCAN = 16 -- leases or agents the reaper reads per step
 local FIRST, NEXT = 4, 64 -- holds read by the first step of a conflict check (usually enough), then by each next
-local REAP_BUDGET = 256 -- holds a reap or release call removes (about) when its caller names no budget
+local REAP_BUDGET = 256 -- holds a reap call removes (about) when its caller names no budget
 local PAIRS = 12 -- mc_acquire's first ARGV of its (entity, via) pairs (ARGV[11] says how many ARGVs they take)
 local PLACE_PAIRS = 14 -- mc_place's first ARGV of its pairs (ARGV[13] says how many ARGVs they take)
 local PENDING = ':pending' -- `<holds>:pending`: the leases being granted in parts (zset leaseId -> deadline ms)
@@ -513,33 +513,37 @@ end
 -- part is renewed whole (part 0). A lease of several parts is renewed a part a call, its last part first and
 -- part 1 with the lease's own end last: part 0 only answers how many parts there are. Cut short, the lease
 -- still ends at its old end, and the reaper removes every hold then, moved or not. Returns {expires, holds
--- moved, parts}.
+-- moved, parts}; without `part` (a daemon of the version before parts), every part at once and {expires, holds}.
 local function renew(keys, args)
   -- KEYS: the lease keys
-  local now, agent, lease_id, ttl, part = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5] or '0')
+  local now, agent, lease_id, ttl, part = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5] or '-1')
   local raw, err, lease = owned(keys, agent, lease_id, now)
   if err then return err end
   local expires, parts = now + tonumber(ttl), parts_of(keys, lease_id)
   if part == 0 and parts > 1 then return {0, 0, parts} end
   if part > 1 then return {expires, renew_part(keys, lease, lease_id, part, expires), parts} end
   local moved = renew_part(keys, lease, lease_id, 1, expires)
+  for number = 2, (part < 0 and parts or 1) do moved = moved + renew_part(keys, lease, lease_id, number, expires) end
   -- The stored JSON ends with the expiry this Function wrote: replaced in place, nothing else re-encoded.
   local renewed = string.gsub(raw, '"expiresAt":%d+}$', '"expiresAt":' .. expires .. '}')
   redis.call('HSET', keys[1], lease_id, renewed)
   redis.call('ZADD', keys[3], expires, lease_id)
   redis.call('ZADD', keys[6], now, agent)
   keep(keys)
+  if part < 0 then return {expires, moved} end
   return {expires, moved, parts}
 end
 
 -- ARGV: now_ms, agent, lease_id, budget. Ends the lease now and removes its holds while `budget` lasts: a lease
 -- of several parts is first marked ended (no list shows it, no renew takes it, the reaper finishes it), then
--- mc_drop removes the parts left. Returns {holds removed (plus one for the lease once gone), 1 once gone}.
+-- mc_drop removes the parts left. Returns {holds removed (plus one for the lease once gone), 1 once gone};
+-- without `budget` (a daemon of the version before parts), the whole lease at once and the holds removed.
 local function release(keys, args)
   -- KEYS: the lease keys
-  local now, agent, lease_id, budget = tonumber(args[1]), args[2], args[3], tonumber(args[4] or REAP_BUDGET)
+  local now, agent, lease_id, budget = tonumber(args[1]), args[2], args[3], tonumber(args[4])
   local raw, err = owned(keys, agent, lease_id, now)
   if err then return err end
+  if not budget then return (drop(keys, lease_id, math.huge)) end
   if parts_of(keys, lease_id) > 1 then
     redis.call('HSET', keys[1], lease_id, (string.gsub(raw, '"expiresAt":%d+}$', '"expiresAt":' .. now .. '}')))
     redis.call('ZADD', keys[3], now, lease_id)
