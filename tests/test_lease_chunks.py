@@ -196,6 +196,7 @@ async def test_a_daemon_killed_between_parts_leaves_nothing_held_after_the_pendi
         out, _ = child.communicate()
     assert 4 <= placed < 512 and child.returncode == -signal.SIGKILL and b"granted" not in out
     killed_at = time.monotonic()
+    assert await backends.redis.sismember(keys.coord_namespaces(), namespace)  # indexed before its first write
     async with direct(backends, backend_urls, tmp_path) as leases:
         b = who("b", namespace)
         blocked = await leases.acquire(b, ["e0000"], 60, "exclusive")
