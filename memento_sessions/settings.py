@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     lease_max: int = Field(default=10_000, ge=1, le=10_000_000)
     lease_max_covered: int = Field(default=4096, ge=1, le=100_000)
     lease_pace: int = Field(default=4096, ge=0, le=100_000_000)  # covered entities/s a namespace's lease writes touch
+    lease_call_entities: int = Field(default=256, ge=8, le=100_000)  # covered entities one lease Function call touches
+    lease_pending_ttl: float = Field(default=10.0, ge=0.5, le=600.0)  # seconds a lease granted in parts may take
     lease_max_holds: int = Field(default=100, ge=1, le=100_000)
     lease_reply_max: int = Field(default=256, ge=1, le=100_000)
     lease_coverage_edges: int = Field(default=200_000, ge=0, le=100_000_000)

@@ -151,15 +151,18 @@ async def test_renew_moves_every_hold_and_release_removes_them(
 
 async def test_the_reaper_ends_many_expired_holds_in_bounded_calls(
         backends: Backends, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
-    """Six expired leases of 4,096 entities each: one reap call removes at most 20,000 holds, then says more."""
+    """Six expired leases of 4,096 entities each: one reap call removes one part of a lease (at most
+    MEMENTO_LEASE_CALL_ENTITIES holds), then says more."""
     entities = [f"e{i}" for i in range(4096)]
     lkeys = keys.lease_keys(namespace)
     async with direct(backends, backend_urls, tmp_path) as leases:
         for i in range(6):
             assert (await leases.acquire(who(f"a{i}", namespace), entities, 1, "shared"))["granted"]
         await anyio.sleep(1.1)
-        expired, orphaned, more = await leases.store.call("mc_reap", lkeys.all(), int(time.time() * 1000), 60_000)
-        assert (int(expired), int(orphaned), int(more)) == (5, 0, 1)  # 5 x 4,097 holds reach the budget
+        expired, orphaned, more = await leases.store.call("mc_reap", lkeys.all(), int(time.time() * 1000), 60_000,
+                                                          256)
+        assert (int(expired), int(orphaned), int(more)) == (0, 0, 1)  # one part of 256 holds spends the budget
+        assert await backends.redis.hlen(lkeys.counts) == 4096 and await backends.redis.hlen(lkeys.leases) == 6
         await leases._reap_namespace(namespace, 60_000)
         assert await backends.redis.hlen(lkeys.leases) == 0
         assert await backends.redis.exists(*(lkeys.hold("shared", e) for e in entities[:500])) == 0

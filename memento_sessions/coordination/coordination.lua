@@ -12,8 +12,15 @@
 --               newest exclusive token, field COUNTER the namespace's token counter), byagent (zset of
 --               `<agentId>/<leaseId>`, all scored 0: an agent's leases are one ZRANGEBYLEX; agent ids hold no
 --               '/'), alive (zset agentId -> last seen ms), covered (hash leaseId -> JSON [[entityId, via]...]
---               of everything the lease holds), counts (hash entityId -> its holds not yet removed, either mode),
---               xcounts (hash entityId -> its exclusive holds not yet removed)}.
+--               of everything the lease holds, or of its first part: see below), counts (hash entityId -> its
+--               holds not yet removed, either mode), xcounts (hash entityId -> its exclusive holds not yet removed)}.
+-- A lease of more entities than one call may touch (MEMENTO_LEASE_CALL_ENTITIES) is written in parts, one call
+-- each: its covered entities are split into fields `<leaseId>` (part 1) and `<leaseId>#<k>`, field `<leaseId>#`
+-- counting its parts. Until a last small call (mc_commit) grants it, it is pending: its lease JSON says
+-- `"pending":true` and ends at a short deadline, and `<holds>:pending` (zset leaseId -> deadline) names it. Its
+-- holds already conflict for other agents' grants (so no two grants take one entity), but no list, no hold read
+-- (mc_holds) and no renew or release sees it; a grant that fails between parts is dropped by its caller, or by
+-- the reaper once the deadline passes. Dropping, renewing and reaping go part by part, a bounded number a call.
 -- The hold zsets share the namespace's hash tag (built from KEYS[2], so in the call's slot). A grant reads the
 -- counts of all its entities in a few HMGETs; a count is never below the entity's live holds (an expired hold
 -- counts until the reaper removes it), so a zero skips that entity's zsets, and only an entity with exclusive
@@ -26,8 +33,10 @@ local GRAPH = '\1graph' -- the fence hash's field of the namespace's graph versi
 local KEEP = 7200 -- seconds a coordination key outlives its last write: the longest lease (3600) plus grace
 local SCAN = 16 -- leases or agents the reaper reads per step
 local FIRST, NEXT = 4, 64 -- holds read by the first step of a conflict check (usually enough), then by each next
-local REAP_BUDGET = 20000 -- holds one reap call removes at most; the reaper calls again while it says `more`
+local REAP_BUDGET = 256 -- holds a reap call removes (about) when its caller names no budget
 local PAIRS = 12 -- mc_acquire's first ARGV of its (entity, via) pairs (ARGV[11] says how many ARGVs they take)
+local PLACE_PAIRS = 14 -- mc_place's first ARGV of its pairs (ARGV[13] says how many ARGVs they take)
+local PENDING = ':pending' -- `<holds>:pending`: the leases being granted in parts (zset leaseId -> deadline ms)
 local CHUNK = 1000 -- fields one HMGET, HSET or HDEL names at most (unpack's limit is far above)
 
 local function keep(keys)
@@ -85,30 +94,56 @@ local function add_counts(key, entities, counts, delta)
   if #dels > 0 then redis.call('HDEL', key, unpack(dels)) end
 end
 
--- Removes one lease from every structure; returns how many holds it had (0 when it did not exist).
-local function drop(keys, lease_id)
-  local raw = redis.call('HGET', keys[1], lease_id)
-  redis.call('ZREM', keys[3], lease_id)
-  if not raw then
-    redis.call('HDEL', keys[7], lease_id)
-    return 0
-  end
-  local lease = cjson.decode(raw)
-  local covered, entities = decode_list(redis.call('HGET', keys[7], lease_id)), {}
+local function part_field(lease_id, part)
+  if part == 1 then return lease_id end
+  return lease_id .. '#' .. part
+end
+
+local function parts_of(keys, lease_id) return tonumber(redis.call('HGET', keys[7], lease_id .. '#') or '1') end
+
+-- Removes the holds of one part of a lease and their counts; returns how many there were.
+local function drop_part(keys, lease, lease_id, part)
+  local field = part_field(lease_id, part)
+  local covered, entities = decode_list(redis.call('HGET', keys[7], field)), {}
   for j, pair in ipairs(covered) do
     redis.call('ZREM', hold_key(keys, lease.mode, pair[1]), hold_member(lease.agentId, lease_id, pair[2]))
     entities[j] = pair[1]
   end
   if lease.mode ~= 'intent' then add_counts(keys[8], entities, read_counts(keys[8], entities), -1) end
   if lease.mode == 'exclusive' then add_counts(keys[9], entities, read_counts(keys[9], entities), -1) end
-  redis.call('ZREM', keys[5], lease.agentId .. '/' .. lease_id)
-  redis.call('HDEL', keys[1], lease_id)
-  redis.call('HDEL', keys[7], lease_id)
-  return #covered + 1
+  redis.call('HDEL', keys[7], field)
+  return #covered
 end
 
--- Drops expired leases until `budget` holds are spent; returns how many, the holds spent, and whether more
--- expired leases may remain.
+-- Removes a lease's parts, last first, until `budget` holds are spent, then the lease itself once none is
+-- left. Returns the holds spent (plus one for the lease) and whether the lease is gone. Idempotent: a call
+-- cut short leaves a lease that the next call (or the reaper) goes on with.
+local function drop(keys, lease_id, budget)
+  local raw = redis.call('HGET', keys[1], lease_id)
+  redis.call('ZREM', keys[2] .. PENDING, lease_id)
+  if not raw then
+    redis.call('ZREM', keys[3], lease_id)
+    redis.call('HDEL', keys[7], lease_id, lease_id .. '#')
+    return 0, true
+  end
+  local lease, parts, spent = cjson.decode(raw), parts_of(keys, lease_id), 0
+  while parts > 0 and spent < budget do
+    spent = spent + drop_part(keys, lease, lease_id, parts)
+    parts = parts - 1
+  end
+  if parts > 0 then
+    redis.call('HSET', keys[7], lease_id .. '#', parts)
+    return spent, false
+  end
+  redis.call('ZREM', keys[3], lease_id)
+  redis.call('ZREM', keys[5], lease.agentId .. '/' .. lease_id)
+  redis.call('HDEL', keys[1], lease_id)
+  redis.call('HDEL', keys[7], lease_id .. '#')
+  return spent + 1, true
+end
+
+-- Drops expired leases until `budget` holds are spent; returns how many ended, the holds spent, and whether
+-- more expired leases (or parts of one) may remain.
 local function drop_expired(keys, now, budget)
   local dropped, spent = 0, 0
   while spent < budget do
@@ -116,8 +151,9 @@ local function drop_expired(keys, now, budget)
     if #gone == 0 then return dropped, spent, false end
     for _, lease_id in ipairs(gone) do
       if spent >= budget then break end
-      spent = spent + drop(keys, lease_id)
-      dropped = dropped + 1
+      local used, done = drop(keys, lease_id, budget - spent)
+      spent = spent + used
+      if done then dropped = dropped + 1 end
     end
   end
   return dropped, spent, true
@@ -146,11 +182,11 @@ local function others(key, mode, agent, now, entity, via, found, room, subject)
   end
 end
 
--- The (entity, via) pairs of mc_acquire's ARGV, each entity once, then the (container, entity) pairs after
--- them: the containers of what the lease covers, checked for conflicts but not held.
-local function items_of(args, pair_args)
-  local items, seen, last = {}, {}, PAIRS + tonumber(pair_args) - 1
-  for i = PAIRS, last, 2 do
+-- The (entity, via) pairs of mc_acquire's (or mc_place's) ARGV from `first` on, each entity once, then the
+-- (container, entity) pairs after them: the containers of what the lease covers, checked but not held.
+local function items_of(args, first, pair_args)
+  local items, seen, last = {}, {}, first + tonumber(pair_args) - 1
+  for i = first, last, 2 do
     if not seen[args[i]] then
       seen[args[i]] = true
       table.insert(items, {args[i], args[i + 1]})
@@ -233,27 +269,40 @@ local function covers_json(items, room)
   return '[' .. table.concat(shown, ',') .. ']', omitted
 end
 
--- Writes the grant: one hold per covered entity, their counts, the lease, its end and its agent's index entry.
-local function grant(keys, lease_json_tail, items, counted, agent, lease_id, mode, expires, room)
-  local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
-  local fences = {}
+-- One hold per item (ending at `expires`) and their counts (`counted`, as survey returns them).
+local function hold_all(keys, items, counted, agent, lease_id, mode, expires)
   for _, item in ipairs(items) do
     local key = hold_key(keys, mode, item[1])
     redis.call('ZADD', key, expires, hold_member(agent, lease_id, item[2]))
     redis.call('EXPIRE', key, KEEP)
-    if mode == 'exclusive' then
-      table.insert(fences, item[1])
-      table.insert(fences, token)
-      if #fences >= 2 * CHUNK then
-        redis.call('HSET', keys[4], unpack(fences))
-        fences = {}
-      end
-    end
   end
-  if #fences > 0 then redis.call('HSET', keys[4], unpack(fences)) end
   local entities, totals, exclusives = counted[1], counted[2], counted[3]
   add_counts(keys[8], entities, totals, 1)
   if mode == 'exclusive' then add_counts(keys[9], entities, exclusives, 1) end
+end
+
+-- Records `token` as the newest exclusive grant of each entity whose recorded one is older (`current`, in order;
+-- nil: write it without reading).
+local function raise_fences(keys, entities, token, current)
+  local fences = {}
+  for j, entity in ipairs(entities) do
+    if not current or current[j] < token then
+      table.insert(fences, entity)
+      table.insert(fences, token)
+    end
+    if #fences >= 2 * CHUNK then
+      redis.call('HSET', keys[4], unpack(fences))
+      fences = {}
+    end
+  end
+  if #fences > 0 then redis.call('HSET', keys[4], unpack(fences)) end
+end
+
+-- Writes the grant: one hold per covered entity, their counts, the lease, its end and its agent's index entry.
+local function grant(keys, lease_json_tail, items, counted, agent, lease_id, mode, expires, room)
+  local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
+  hold_all(keys, items, counted, agent, lease_id, mode, expires)
+  if mode == 'exclusive' then raise_fences(keys, counted[1], token, nil) end
   local covers, omitted = covers_json(items, room)
   redis.call('HSET', keys[1], lease_id, lease_json_tail .. ',"covers":' .. covers .. ',"coversOmitted":' .. omitted ..
              ',"fencingToken":' .. token .. ',"expiresAt":' .. expires .. '}')
@@ -307,7 +356,7 @@ local function acquire(keys, args)
   if graph_version ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= graph_version then
     return cjson.encode({granted = false, stale = true})
   end
-  local room, items, above = tonumber(listed), items_of(args, pair_args)
+  local room, items, above = tonumber(listed), items_of(args, PAIRS, pair_args)
   if mode == 'intent' then
     return intend(keys, now, {lease_max, max_holds}, lease_json_tail, items, agent, lease_id, now + ttl)
   end
@@ -339,12 +388,108 @@ local function acquire(keys, args)
   return cjson.encode(reply)
 end
 
+-- The checks before part `part` of a grant in parts is placed: part 1 claims the lease (within lease_max) as
+-- pending until `deadline`, with the next fencing token; a later part needs the lease still pending and the
+-- parts before it placed. Returns an error reply or a `gone` reply, or nil to go on.
+local function begin_part(keys, now, agent, lease_id, mode, lease_max, deadline, part)
+  local pending = keys[2] .. PENDING
+  if part > 1 then
+    if redis.call('ZSCORE', pending, lease_id) and parts_of(keys, lease_id) == part - 1 then return nil end
+    return cjson.encode({gone = true})
+  end
+  if redis.call('ZCOUNT', keys[3], '(' .. now, '+inf') >= tonumber(lease_max) then
+    return redis.error_reply('FULL lease_limit ' .. lease_max .. ' live leases in the namespace (MEMENTO_LEASE_MAX)')
+  end
+  local token = redis.call('HINCRBY', keys[4], COUNTER, 1)
+  redis.call('HSET', keys[1], lease_id, '{"agentId":' .. cjson.encode(agent) .. ',"mode":"' .. mode ..
+             '","pending":true,"fencingToken":' .. token .. ',"expiresAt":' .. deadline .. '}')
+  redis.call('ZADD', keys[3], deadline, lease_id)
+  redis.call('ZADD', pending, deadline, lease_id)
+  redis.call('EXPIRE', pending, KEEP)
+  redis.call('HSET', keys[7], lease_id .. '#', 0)
+  return nil
+end
+
+-- One part of a grant in parts. ARGV: now_ms, agent, lease_id, mode, expires (the lease's end, the same for
+-- every part), lease_max, graph_version, max_holds, listed (conflicts it may still list), deadline (the pending
+-- lease's), part (1, 2, ...), place (1: check and place; 0: only list the conflicts, after a refusal), how many
+-- ARGVs the pairs take, then (entity, via) pairs from PLACE_PAIRS on, then (container, entity) pairs (those of
+-- this part's entities). Checked as mc_acquire checks them; placed only when an exclusive part meets no
+-- conflict. Returns {conflicts, conflictingEntities, cut, placed?} or {stale} or {gone} (the pending lease was
+-- dropped: by the reaper, past its deadline).
+local function place(keys, args)
+  -- KEYS: the lease keys
+  local now, agent, lease_id, mode, expires = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5])
+  local lease_max, graph_version, max_holds, room = args[6], args[7], tonumber(args[8]), tonumber(args[9])
+  local deadline, part, placing, pair_args = tonumber(args[10]), tonumber(args[11]), args[12] == '1', args[13]
+  if graph_version ~= '*' and (redis.call('HGET', keys[4], GRAPH) or '') ~= graph_version then
+    return cjson.encode({stale = true})
+  end
+  if placing then
+    local refused = begin_part(keys, now, agent, lease_id, mode, lease_max, deadline, part)
+    if refused then return refused end
+  end
+  local items, above = items_of(args, PLACE_PAIRS, pair_args)
+  local found, conflicting, cut, full, counted = survey(keys, agent, mode, now, room, max_holds, items)
+  local more, more_cut = through(keys, agent, mode, now, room, above, found)
+  local reply = {conflicts = found, conflictingEntities = conflicting + more, cut = cut or more_cut}
+  redis.call('ZADD', keys[6], now, agent)
+  keep(keys)
+  if not placing or (mode == 'exclusive' and reply.conflictingEntities > 0) then return cjson.encode(reply) end
+  if full then
+    return redis.error_reply('FULL entity_holds ' .. full .. ' already has ' .. max_holds ..
+                             ' live leases (MEMENTO_LEASE_MAX_HOLDS)')
+  end
+  hold_all(keys, items, counted, agent, lease_id, mode, expires)
+  redis.call('HSET', keys[7], part_field(lease_id, part), cjson.encode(items), lease_id .. '#', part)
+  reply.placed = true
+  return cjson.encode(reply)
+end
+
+-- ARGV: lease_id, part. Records the pending exclusive lease's token as the newest grant of the part's entities
+-- (where no newer one is recorded), after every part is placed and before the lease is granted. Returns 1, or 0
+-- when the lease is no longer pending.
+local function fence(keys, args)
+  -- KEYS: the lease keys
+  local lease_id, part = args[1], tonumber(args[2])
+  if not redis.call('ZSCORE', keys[2] .. PENDING, lease_id) then return 0 end
+  local token = cjson.decode(redis.call('HGET', keys[1], lease_id)).fencingToken
+  local entities = {}
+  for j, pair in ipairs(decode_list(redis.call('HGET', keys[7], part_field(lease_id, part)))) do
+    entities[j] = pair[1]
+  end
+  raise_fences(keys, entities, token, read_counts(keys[4], entities))
+  return 1
+end
+
+-- ARGV: now_ms, agent, lease_id, lease_json_tail, covers (JSON array), covers_omitted, expires. Grants a pending
+-- lease whose parts are all placed: its JSON, its end, its agent's index entry. Returns {granted, fencingToken,
+-- expiresAt} or {gone}.
+local function commit(keys, args)
+  -- KEYS: the lease keys
+  local now, agent, lease_id, lease_json_tail = args[1], args[2], args[3], args[4]
+  local covers, omitted, expires = args[5], args[6], args[7]
+  local pending = keys[2] .. PENDING
+  if not redis.call('ZSCORE', pending, lease_id) then return cjson.encode({gone = true}) end
+  local token = cjson.decode(redis.call('HGET', keys[1], lease_id)).fencingToken
+  redis.call('HSET', keys[1], lease_id, lease_json_tail .. ',"covers":' .. covers .. ',"coversOmitted":' .. omitted ..
+             ',"fencingToken":' .. token .. ',"expiresAt":' .. expires .. '}')
+  redis.call('ZADD', keys[3], expires, lease_id)
+  redis.call('ZREM', pending, lease_id)
+  redis.call('ZADD', keys[5], 0, agent .. '/' .. lease_id)
+  redis.call('ZADD', keys[6], now, agent)
+  keep(keys)
+  return cjson.encode({granted = true, fencingToken = token, expiresAt = tonumber(expires)})
+end
+
+-- The lease if `agent` holds it and it is live; an expired one loses one part here (the reaper does the rest).
 local function owned(keys, agent, lease_id, now)
   local raw = redis.call('HGET', keys[1], lease_id)
   if not raw then return nil, redis.error_reply('NOTFOUND lease ' .. lease_id .. ' not found') end
   local lease = cjson.decode(raw)
+  if lease.pending then return nil, redis.error_reply('NOTFOUND lease ' .. lease_id .. ' not found') end
   if lease.expiresAt <= now then
-    drop(keys, lease_id)
+    drop(keys, lease_id, 1)
     return nil, redis.error_reply('NOTFOUND lease ' .. lease_id .. ' has expired')
   end
   if lease.agentId ~= agent then
@@ -353,35 +498,72 @@ local function owned(keys, agent, lease_id, now)
   return raw, nil, lease
 end
 
--- ARGV: now_ms, agent, lease_id, ttl_ms. The lease's holds and expiry move to now + ttl.
+-- Moves one part's holds to `expires`; returns how many.
+local function renew_part(keys, lease, lease_id, part, expires)
+  local covered = decode_list(redis.call('HGET', keys[7], part_field(lease_id, part)))
+  for _, pair in ipairs(covered) do
+    local key = hold_key(keys, lease.mode, pair[1])
+    redis.call('ZADD', key, 'XX', expires, hold_member(lease.agentId, lease_id, pair[2]))
+    redis.call('EXPIRE', key, KEEP)
+  end
+  return #covered
+end
+
+-- ARGV: now_ms, agent, lease_id, ttl_ms, part. The lease's holds and expiry move to now + ttl. A lease of one
+-- part is renewed whole (part 0). A lease of several parts is renewed a part a call, its last part first and
+-- part 1 with the lease's own end last: part 0 only answers how many parts there are. Cut short, the lease
+-- still ends at its old end, and the reaper removes every hold then, moved or not. Returns {expires, holds
+-- moved, parts}; without `part` (a daemon of the version before parts), every part at once and {expires, holds}.
 local function renew(keys, args)
   -- KEYS: the lease keys
-  local now, agent, lease_id, ttl = tonumber(args[1]), args[2], args[3], args[4]
+  local now, agent, lease_id, ttl, part = tonumber(args[1]), args[2], args[3], args[4], tonumber(args[5] or '-1')
   local raw, err, lease = owned(keys, agent, lease_id, now)
   if err then return err end
-  local expires = now + tonumber(ttl)
+  local expires, parts = now + tonumber(ttl), parts_of(keys, lease_id)
+  if part == 0 and parts > 1 then return {0, 0, parts} end
+  if part > 1 then return {expires, renew_part(keys, lease, lease_id, part, expires), parts} end
+  local moved = renew_part(keys, lease, lease_id, 1, expires)
+  for number = 2, (part < 0 and parts or 1) do moved = moved + renew_part(keys, lease, lease_id, number, expires) end
   -- The stored JSON ends with the expiry this Function wrote: replaced in place, nothing else re-encoded.
   local renewed = string.gsub(raw, '"expiresAt":%d+}$', '"expiresAt":' .. expires .. '}')
   redis.call('HSET', keys[1], lease_id, renewed)
   redis.call('ZADD', keys[3], expires, lease_id)
-  local covered = decode_list(redis.call('HGET', keys[7], lease_id))
-  for _, pair in ipairs(covered) do
-    local key = hold_key(keys, lease.mode, pair[1])
-    redis.call('ZADD', key, 'XX', expires, hold_member(agent, lease_id, pair[2]))
-    redis.call('EXPIRE', key, KEEP)
-  end
   redis.call('ZADD', keys[6], now, agent)
   keep(keys)
-  return {expires, #covered}
+  if part < 0 then return {expires, moved} end
+  return {expires, moved, parts}
 end
 
--- ARGV: now_ms, agent, lease_id. Returns the holds it removed, plus one (the caller paces by them).
+-- ARGV: now_ms, agent, lease_id, budget. Ends the lease now and removes its holds while `budget` lasts: a lease
+-- of several parts is first marked ended (no list shows it, no renew takes it, the reaper finishes it), then
+-- mc_drop removes the parts left. Returns {holds removed (plus one for the lease once gone), 1 once gone};
+-- without `budget` (a daemon of the version before parts), the whole lease at once and the holds removed.
 local function release(keys, args)
   -- KEYS: the lease keys
-  local now, agent, lease_id = tonumber(args[1]), args[2], args[3]
-  local _, err = owned(keys, agent, lease_id, now)
+  local now, agent, lease_id, budget = tonumber(args[1]), args[2], args[3], tonumber(args[4])
+  local raw, err = owned(keys, agent, lease_id, now)
   if err then return err end
-  return drop(keys, lease_id)
+  if not budget then return (drop(keys, lease_id, math.huge)) end
+  if parts_of(keys, lease_id) > 1 then
+    redis.call('HSET', keys[1], lease_id, (string.gsub(raw, '"expiresAt":%d+}$', '"expiresAt":' .. now .. '}')))
+    redis.call('ZADD', keys[3], now, lease_id)
+  end
+  local spent, done = drop(keys, lease_id, budget)
+  return {spent, done and 1 or 0}
+end
+
+-- ARGV: now_ms, agent, lease_id, budget. The next parts of the agent's own lease removed while `budget` lasts:
+-- a release going on, or a grant in parts given up (pending or, its answer lost, granted). Returns as
+-- mc_release; a lease already gone is done.
+local function drop_lease(keys, args)
+  -- KEYS: the lease keys
+  local agent, lease_id, budget = args[2], args[3], tonumber(args[4])
+  local raw = redis.call('HGET', keys[1], lease_id)
+  if raw and cjson.decode(raw).agentId ~= agent then
+    return redis.error_reply('FORBIDDEN lease ' .. lease_id .. ' is held by another agent')
+  end
+  local spent, done = drop(keys, lease_id, budget)
+  return {spent, done and 1 or 0}
 end
 
 -- Ends the leases of one agent not seen for the grace while `budget` lasts; true once it has none left.
@@ -392,30 +574,32 @@ local function drop_agent(keys, agent, budget)
     if #members == 0 then return spent, dropped, true end
     for _, member in ipairs(members) do
       if spent >= budget then break end
-      spent = spent + drop(keys, string.sub(member, #agent + 2))
-      dropped = dropped + 1
+      local used, done = drop(keys, string.sub(member, #agent + 2), budget - spent)
+      spent = spent + used
+      if done then dropped = dropped + 1 end
     end
   end
   return spent, dropped, false
 end
 
 -- Ends expired leases and those of agents not seen for grace_ms (every acquire and renew marks its agent
--- seen, so each holder is in `alive`), removing at most REAP_BUDGET holds. ARGV: now_ms, grace_ms. Returns
--- {expired, orphaned, more}: more is 1 when the budget ran out first (the caller calls again).
+-- seen, so each holder is in `alive`), removing about `budget` holds (a lease's parts are removed whole, each
+-- at most MEMENTO_LEASE_CALL_ENTITIES). ARGV: now_ms, grace_ms, budget. Returns {expired, orphaned, more}: more
+-- is 1 when the budget ran out first (the caller calls again). Pending grants past their deadline are expired.
 local function reap(keys, args)
   -- KEYS: the lease keys
-  local now, grace = tonumber(args[1]), tonumber(args[2])
-  local expired, spent, more = drop_expired(keys, now, REAP_BUDGET)
+  local now, grace, budget = tonumber(args[1]), tonumber(args[2]), tonumber(args[3] or REAP_BUDGET)
+  local expired, spent, more = drop_expired(keys, now, budget)
   local orphaned = 0
   while not more do
     local gone = redis.call('ZRANGEBYSCORE', keys[6], '-inf', '(' .. (now - grace), 'LIMIT', 0, SCAN)
     if #gone == 0 then break end
     for _, agent in ipairs(gone) do
-      if spent >= REAP_BUDGET then
+      if spent >= budget then
         more = true
         break
       end
-      local used, dropped, done = drop_agent(keys, agent, REAP_BUDGET - spent)
+      local used, dropped, done = drop_agent(keys, agent, budget - spent)
       spent, orphaned = spent + used, orphaned + dropped
       if done then redis.call('ZREM', keys[6], agent) else more = true end
     end
@@ -432,6 +616,8 @@ local function holds(keys, args)
   local out, from, entities = {}, '(' .. tonumber(now_ms), {}
   for i = first, #args do table.insert(entities, args[i]) end
   local totals, exclusives = read_counts(keys[8], entities), read_counts(keys[9], entities)
+  local pending = keys[2] .. PENDING
+  local any_pending = redis.call('ZCARD', pending) > 0 -- a grant in parts: its holds are not shown until granted
   for j, entity in ipairs(entities) do
     for _, mode in ipairs({'exclusive', 'shared'}) do
       local counted = exclusives[j]
@@ -442,7 +628,9 @@ local function holds(keys, args)
       end
       for _, member in ipairs(members) do
         local holder, lease_id, via = string.match(member, '^([^/]*)/([^/]*)/(.*)$')
-        for _, item in ipairs({entity, mode, holder, lease_id, via}) do table.insert(out, item) end
+        if not (any_pending and redis.call('ZSCORE', pending, lease_id)) then
+          for _, item in ipairs({entity, mode, holder, lease_id, via}) do table.insert(out, item) end
+        end
       end
     end
   end
@@ -653,6 +841,7 @@ end
 
 -- One table, one loop (the load-time sandbox has no pairs/ipairs: a numeric for it is).
 local FUNCTIONS = {{'mc_acquire', acquire}, {'mc_renew', renew}, {'mc_release', release}, {'mc_reap', reap},
+                   {'mc_place', place}, {'mc_fence', fence}, {'mc_commit', commit}, {'mc_drop', drop_lease},
                    {'mc_send', send}, {'mc_ack', ack}, {'mc_post', post},
                    {'mc_surface', surface}, {'mc_receipt', receipt}, {'mc_fence_sync', fence_sync},
                    {'mc_graph_changed', graph_changed}}

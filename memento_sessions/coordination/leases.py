@@ -1,6 +1,7 @@
 """Entity leases: acquire (exclusive all-or-nothing, or shared and advisory), renew, release, list, and the
 reaper that ends expired and orphaned leases. Each operation is one Function call on the namespace's
-lease keys (coordination.lua), so every daemon sees the same leases and no two grant one entity twice.
+lease keys (coordination.lua), so every daemon sees the same leases and no two grant one entity twice; a
+lease covering more than MEMENTO_LEASE_CALL_ENTITIES entities goes in bounded parts (parts.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.coordination.coverage import NO_GRAPH, Coverage, Pairs
+from memento_sessions.coordination.parts import Parts, flat_pairs
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.errors import BackendUnavailable, Conflict, Reason
 from memento_sessions.kg.graph import Graphs
@@ -42,7 +44,7 @@ def lease_view(raw: str, now: int) -> Result | None:
     """A stored lease as clients see it (None once it has ended): `covers` names what it holds through the
     graph, at most MEMENTO_LEASE_REPLY_MAX of them, and `coversOmitted` how many more when there are more."""
     lease: Result = dict(pydantic_core.from_json(raw))
-    if lease["expiresAt"] <= now:
+    if lease.get("pending") or lease["expiresAt"] <= now:  # pending: being granted in parts, not yet granted
         return None
     lease["expiresAt"] = iso(lease["expiresAt"])
     if not lease.get("coversOmitted"):
@@ -65,6 +67,7 @@ class Leases:
         self.store = store
         self.coverage = Coverage(graphs, store, settings.lease_coverage_edges, settings.lease_max_covered)
         self.settings = settings
+        self.parts = Parts(store, settings)
         self._indexed: set[str] = set()  # namespaces this daemon has added to the reaper's set
         # Each write's Redis work is per covered entity: a namespace's go at MEMENTO_LEASE_PACE a second (limits.py)
         self.pacer = Pacer(settings.lease_pace, PACED_SECONDS.labels("lease"))
@@ -76,14 +79,16 @@ class Leases:
         tail = pydantic_core.to_json({"leaseId": lease_id, "agentId": who.agent_id, "mode": mode,
                                       "entityIds": list(entity_ids), "sessionId": session_id, "reason": reason,
                                       "acquiredAt": iso(now)}).decode()[:-1]
+        # Once per namespace and process, before any write: the reaper finds what a crash leaves (a grant's
+        # pending parts); it keeps the set's TTL.
+        if who.namespace not in self._indexed:
+            await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
+            self._indexed.add(who.namespace)
         if mode == "intent":  # what it names, no coverage: it holds nothing and conflicts with nobody
             reply = await self._grant(who, lease_id, mode, ttl, tail, NO_GRAPH, [(e, "") for e in entity_ids], [])
             pairs: Pairs = []
         else:
             reply, pairs = await self._granted(who, lease_id, mode, ttl, tail, entity_ids)
-        if who.namespace not in self._indexed:  # once per namespace and process; the reaper keeps the set's TTL
-            await self.store.command("SADD", keys.coord_namespaces(), who.namespace)
-            self._indexed.add(who.namespace)
         (GRANTED if reply["granted"] else REFUSED).inc()
         return self._reply(reply, lease_id, pairs)
 
@@ -138,11 +143,13 @@ class Leases:
 
     async def _grant(self, who: Identity, lease_id: str, mode: str, ttl: int, tail: str, version: str,
                      pairs: Pairs, above: Pairs) -> Result:
-        """The one Function call of an acquire: `{granted, conflicts, ...}` or `{stale: true}`."""
-        flat = [item for pair in pairs for item in pair]
-        checked = [item for pair in above for item in pair]
+        """The Function call of an acquire (calls, past MEMENTO_LEASE_CALL_ENTITIES): `{granted, conflicts, ...}`
+        or `{stale: true}`."""
         await self.pacer.take(who.namespace, len(pairs) + len(above))
+        flat, checked = flat_pairs(pairs), flat_pairs(above)
         try:
+            if mode != "intent" and not self.parts.fits(pairs, above):  # an intent names at most 64
+                return await self.parts.grant(who, lease_id, mode, ttl, tail, version, pairs, above)
             raw = await self.store.call("mc_acquire", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
                                         lease_id, mode, ttl * 1000, self.settings.lease_max, tail, version,
                                         self.settings.lease_max_holds, self.settings.lease_reply_max, len(flat),
@@ -155,17 +162,14 @@ class Leases:
     async def renew(self, who: Identity, lease_id: str, ttl: int) -> Result:
         """Move the lease's end to now + ttl (its fencing token stays)."""
         await self.pacer.take(who.namespace)
-        expires, covered = await self.store.call("mc_renew", keys.lease_keys(who.namespace).all(), now_ms(),
-                                                 who.agent_id, lease_id, ttl * 1000)
-        self.pacer.charge(who.namespace, int(covered))
-        return {"leaseId": lease_id, "expiresAt": iso(int(expires))}
+        expires, covered = await self.parts.renew(who, lease_id, ttl)
+        self.pacer.charge(who.namespace, covered)
+        return {"leaseId": lease_id, "expiresAt": iso(expires)}
 
     async def release(self, who: Identity, lease_id: str) -> Result:
         """End the lease now."""
         await self.pacer.take(who.namespace)
-        holds = await self.store.call("mc_release", keys.lease_keys(who.namespace).all(), now_ms(), who.agent_id,
-                                      lease_id)
-        self.pacer.charge(who.namespace, int(holds))
+        self.pacer.charge(who.namespace, await self.parts.release(who, lease_id))
         LEASE_ENDS.labels("released").inc()
         return {"leaseId": lease_id, "released": True}
 
@@ -230,12 +234,12 @@ class Leases:
             await one_pass(partial(self._reap_namespace, str(namespace), grace_ms), "lease reaper", OUTAGES)
 
     async def _reap_namespace(self, namespace: str, grace_ms: int) -> None:
-        """One call per bounded slice of the work (each removes a bounded number of holds), until none is left:
-        other clients' commands run between two slices."""
+        """One call per bounded slice of the work (each removes about MEMENTO_LEASE_CALL_ENTITIES holds), until
+        none is left: other clients' commands run between two slices."""
         more = True
         while more:
             expired, orphaned, left = await self.store.call("mc_reap", keys.lease_keys(namespace).all(), now_ms(),
-                                                            grace_ms)
+                                                            grace_ms, self.settings.lease_call_entities)
             if int(expired):
                 LEASE_ENDS.labels("expired").inc(int(expired))
             if int(orphaned):

@@ -17,8 +17,9 @@ from memento_sessions.sessions.functions import translate
 
 log = get_logger(__name__)
 # The writes a failover must not lose once answered, waited on with MEMENTO_REPLICA_ACKS >= 1: a lease granted,
-# renewed or released (a grant lost with its primary would hand its fencing token out again) and a message sent.
-WAITED = frozenset({"mc_acquire", "mc_renew", "mc_release", "mc_post", "mc_send"})
+# renewed or released (a grant lost with its primary would hand its fencing token out again) and a message sent;
+# a grant in parts waits on its last call (mc_commit), which covers the parts written before it on its connection.
+WAITED = frozenset({"mc_acquire", "mc_commit", "mc_renew", "mc_release", "mc_post", "mc_send"})
 LIBRARY = resources.files("memento_sessions.coordination").joinpath("coordination.lua").read_text()
 
 
