@@ -7,8 +7,8 @@ requests, share one bucket per agent (`Buckets`).
 
 Paces, fair shares of the daemon's and Redis's time: a namespace's heavy work is paced, the others' is not.
 
-Some requests do work in proportion to what they name: a lease write on every entity its lease covers, in
-one Redis Function call (about 5 us each on a 2-vCPU host: 20 ms for 4,096); an event batch and its
+Some requests do work in proportion to what they name: a lease write on every entity its lease covers (about
+5 us each on a 2-vCPU host, in calls of at most MEMENTO_LEASE_CALL_ENTITIES); an event batch and its
 checkpoint on every entity id (validated, stored, summarised: about 4 us each in the daemon). One tenant
 sending such requests back to back keeps Redis or the daemon busy, and every other tenant waits behind
 it. So each namespace has a budget of such units a second per daemon (MEMENTO_LEASE_PACE covered
