@@ -55,7 +55,7 @@ async def test_an_intent_reports_overlaps_two_steps_away_with_their_path_and_tel
                                             "reason": "fix login tests"}
         assert (await c.notification(OVERLAP_SUBJECT, timeout=2))["params"]["body"]["overlaps"] == \
             intent["overlaps"][1:]
-        mine = (await a.call("mailbox.read", {}))["messages"]  # the declarer's copy: stored, not pushed
+        mine = (await a.call("mailbox.read", {}))["messages"]  # the declarer's copy: stored (and pushed)
         assert [(m["subject"], m["body"]["overlaps"]) for m in mine] == [(OVERLAP_SUBJECT, intent["overlaps"])]
         assert overlap_text(mine[0], "a").startswith(f"Your planned work on {TEST} overlaps b's exclusive on {LOGIN}")
         stored = (await b.call("mailbox.read", {}))["messages"]  # kept for hooks and tool notices to surface

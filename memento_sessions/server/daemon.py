@@ -131,10 +131,17 @@ def _time_collections(phase: str, info: dict[str, int]) -> None:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """Bind the daemon's port ourselves so port 0 yields a known port."""
+    """Bind the daemon's port ourselves so port 0 yields a known port.
+
+    Every connection gets TCP_NODELAY: without it, a small write that follows another one still unacknowledged
+    (a reply right behind a notification, an HTTP body behind its headers) waits for the peer's delayed ACK,
+    40 ms on Linux. uvloop sets it on each connection it accepts; asyncio's own loop only on sockets made with
+    proto IPPROTO_TCP (the accepted ones inherit it), and Linux and the BSDs copy the listener's option.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
