@@ -21,8 +21,8 @@ pytestmark = pytest.mark.anyio
 EVENTS, IDS = 300, 256  # 76,800 ids: the noisy-neighbour bench's checkpoint batch
 
 
-def batch(prefix: str = "") -> list[dict[str, Any]]:
-    return [{"type": "modified", "changeInfo": {"entityIds": [f"{prefix}{n:03x}.{i:02x}" for i in range(IDS)]}}
+def batch() -> list[dict[str, Any]]:
+    return [{"type": "modified", "changeInfo": {"entityIds": [f"{n:03x}.{i:02x}" for i in range(IDS)]}}
             for n in range(EVENTS)]
 
 
