@@ -65,6 +65,13 @@ def checkpoint_id(namespace: str, epoch: str, session_id: str, seq: int, final: 
     return f"cp/{namespace}/{epoch}/{session_id}/{seq}{'/final' if final else ''}"
 
 
+def decode(member: str) -> dict[str, Any]:
+    """A stored event, its keys cached and not its values: a window's entity ids are seldom repeated, and
+    caching every string made decoding 300 events of 256 new ids 3.5 times slower (12.5 ms, not 3.5)."""
+    event: dict[str, Any] = pydantic_core.from_json(member, cache_strings="keys")
+    return event
+
+
 def snapshot_from(last: dict[str, Any]) -> int:
     """The seq up to which earlier snapshots of the session's epoch hold its events."""
     if "snapshotSeq" in last:
@@ -204,7 +211,7 @@ class Checkpointer:
         most MEMENTO_BATCH_IDS_PACE ids a second (limits.py)."""
         tally, events = Tally(self.settings.checkpoint_max_entities), []
         for start in range(0, len(members), DECODE_PART):
-            part = [pydantic_core.from_json(member) for member in members[start:start + DECODE_PART]]
+            part = [decode(member) for member in members[start:start + DECODE_PART]]
             events += part
             await self.pacer.take(namespace, tally.add(part))
         return events, tally.summary(state)
@@ -216,7 +223,7 @@ class Checkpointer:
         events = window
         if after != int(last.get("seq", 0)):  # the window starts later than the unsnapshotted events
             _, members = await self.manager.read(namespace, session["sessionId"], after)
-            events = [pydantic_core.from_json(member) for member in members]
+            events = [decode(member) for member in members]
         events = [event for event in events if int(event["seq"]) <= seq]
         return Pending(namespace, session["sessionId"], cp_id, session["epoch"], after, seq, "broken", events,
                        datetime.now(UTC))

@@ -10,7 +10,8 @@ import math
 import re
 from typing import Annotated, Any, Union
 
-from pydantic import Field, StrictBool, TypeAdapter, ValidationError
+from pydantic import Field, GetCoreSchemaHandler, StrictBool, TypeAdapter, ValidationError
+from pydantic_core import CoreSchema, core_schema
 from typing_extensions import TypeAliasType
 
 MAX_MAGNITUDE = 1e12
@@ -87,6 +88,22 @@ def _scalar_problem(item: Any) -> str | None:
     if isinstance(item, str):
         return text_problem(item)
     return None
+
+
+class NoControl:
+    """An id has no control characters, checked in pydantic-core (a pattern, with check_id's message and the
+    item's own field path). A batch names up to 128,000 entity ids: with a Python check per id, validating
+    76,800 took 11 to 14 ms of the event loop here, 5 to 8 ms without."""
+
+    PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+    MESSAGE = "Value error, must not contain control characters (U+0000-U+001F, U+007F-U+009F)"  # check_id's, as sent
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        pattern = core_schema.str_schema(pattern=cls.PATTERN)
+        checked = core_schema.custom_error_schema(pattern, custom_error_type="control_characters",
+                                                 custom_error_message=cls.MESSAGE)
+        return core_schema.chain_schema([handler(source), checked])
 
 
 def check_id(value: str) -> str:

@@ -24,7 +24,7 @@ from pydantic import (
 
 from memento_sessions.sessions.checks import (
     MAX_MAGNITUDE,
-    check_id,
+    NoControl,
     check_number,
     check_text,
     surely_storable,
@@ -32,7 +32,7 @@ from memento_sessions.sessions.checks import (
 )
 
 ClientId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
-EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(check_id)]
+EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), NoControl]
 EventType = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_.:-]{0,63}$")]
 ShortText = Annotated[str, StringConstraints(max_length=256), AfterValidator(check_text)]
 Number = Annotated[float, AfterValidator(check_number)]  # finite, |x| <= 1e12: FalkorDB and JSONB store it
