@@ -24,12 +24,14 @@ from pydantic import (
 
 from memento_sessions.errors import BadRecord as BadRecord  # defined in errors; name kept for importers
 from memento_sessions.kg.graph import BASE_LABEL, LABELS, RELATIONSHIPS, Graph, Label, Relationship
-from memento_sessions.sessions.checks import check_id, value_problem
+from memento_sessions.sessions.checks import value_problem
+from memento_sessions.sessions.models import (
+    EntityId,  # the one entity id: checked in pydantic-core, not per id in Python
+)
 
 BATCH = 500
 MAX_RECORDS = 10_000  # per kg.upsert call; files are loaded in batches and have no limit
 
-EntityId = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(check_id)]
 PropName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")]
 SCALARS = (bool, int, float, str)
 Progress = Callable[[int, int], None]
