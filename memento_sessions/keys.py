@@ -170,7 +170,8 @@ def surfaced_key(ns: str, agent_id: str) -> str:
 
 
 def hook_agents(ns: str) -> str:
-    """ZSET `<agentId>|<sessionId>` -> ms of the agent's last hook call: who works in the namespace now."""
+    """ZSET `<agentId>|<sessionId>` -> ms of the agent's last hook call (written at its SessionStart, then at most
+    every tenth of MEMENTO_PRESENCE_VISIT): who works in the namespace now."""
     return f"{coord_base(ns)}:hook-agents"
 
 

@@ -17,6 +17,7 @@ Anything malformed or unknown is allowed with an empty answer, writes nothing an
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -39,6 +40,8 @@ EDIT_TOOLS = frozenset({"Edit", "Write", "MultiEdit", "NotebookEdit"})
 NEWS = frozenset({"UserPromptSubmit", "PostToolUse", "PostToolUseFailure"})
 MAX_OTHERS = 8  # other agents a SessionStart describes (the rest counted)
 MAX_LISTED = 100  # leases read per agent
+PRESENT_REFRESH = 30.0  # seconds between two writes of an agent's presence by one daemon (at most)
+MAX_PRESENT = 100_000  # agents whose last presence write a daemon remembers (all forgotten past it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +86,11 @@ def file_entity(hook: HookInput) -> str | None:
     return "file:" + relative.replace(os.sep, "/")
 
 
+def presence_of(me: Identity, hook: HookInput) -> tuple[str, str]:
+    """The agent's namespace and its member in hook_agents: `<agentId>|<sessionId>`."""
+    return me.namespace, f"{me.agent_id}|{hook.session_id}"
+
+
 def output(event: str, context: str | None = None, **decision: str) -> Result:
     """Claude Code's hook JSON output: `{}` (allowed, nothing to say) or its hookSpecificOutput."""
     if not context and not decision:
@@ -100,6 +108,10 @@ class HookAnswers:
         self.coord = coord
         self.manager: SessionManager = coord.manager
         self.settings: Settings = coord.settings
+        # When each (namespace, member) of hook_agents is due to be written again: a tenth of the presence window
+        # at most, so a hook call writes it once in that while, not at every tool call.
+        self.refresh = min(PRESENT_REFRESH, self.settings.presence_visit / 10)
+        self.written: dict[tuple[str, str], float] = {}
 
     async def answer(self, who: Identity, record: Any, root: str | None = None, policy: str | None = None,
                      claim_ttl: int | None = None) -> Result:
@@ -112,7 +124,14 @@ class HookAnswers:
         if hook.event == "SessionEnd":
             await self.end(me, hook)
             return {}
-        await self.present(me, hook)
+        await self.coord.mailbox.remember(me)  # a lookup, but once an hour
+        if self.due(me, hook):  # written while the answer is read: their commands go out together
+            _, answered = await asyncio.gather(self.present(me, hook), self.respond(me, hook, policy, claim_ttl))
+            return answered
+        return await self.respond(me, hook, policy, claim_ttl)
+
+    async def respond(self, me: Identity, hook: HookInput, policy: str | None, claim_ttl: int | None) -> Result:
+        """The answer of a hook input other than SessionEnd."""
         if hook.event == "SessionStart":
             return output(hook.event, await self.start_context(me, hook))
         if hook.event in NEWS:
@@ -124,13 +143,22 @@ class HookAnswers:
                                        self.settings.hook_claim_ttl if claim_ttl is None else claim_ttl)
         return {}
 
+    def due(self, me: Identity, hook: HookInput) -> bool:
+        """Whether the agent's presence is to be written: at a SessionStart, else when this daemon has not written
+        it for `refresh` seconds. A namespace lists the agents of the last MEMENTO_PRESENCE_VISIT seconds, so a
+        fresher time would change nothing it shows."""
+        return hook.event == "SessionStart" or self.written.get(presence_of(me, hook), 0.0) <= time.monotonic()
+
     async def present(self, me: Identity, hook: HookInput) -> None:
-        """The agent works in the namespace now (hook_agents, bounded) and may be sent messages."""
-        agents = keys.hook_agents(me.namespace)
-        await self.coord.store.command("ZADD", agents, int(time.time() * 1000), f"{me.agent_id}|{hook.session_id}")
-        await self.coord.store.command("ZREMRANGEBYRANK", agents, 0, -self.settings.hook_agents_max - 1)
-        await self.coord.store.command("EXPIRE", agents, 86400)
-        await self.coord.mailbox.remember(me)
+        """The agent works in the namespace now (hook_agents, bounded)."""
+        member, written = presence_of(me, hook), time.monotonic()
+        agents, command = keys.hook_agents(me.namespace), self.coord.store.command
+        await asyncio.gather(command("ZADD", agents, int(time.time() * 1000), member[1]),
+                             command("ZREMRANGEBYRANK", agents, 0, -self.settings.hook_agents_max - 1),
+                             command("EXPIRE", agents, 86400))
+        if len(self.written) >= MAX_PRESENT:
+            self.written.clear()
+        self.written[member] = written + self.refresh
 
     async def end(self, me: Identity, hook: HookInput) -> None:
         """SessionEnd: release the agent's leases, end its presence."""
@@ -138,7 +166,9 @@ class HookAnswers:
         for lease in held["leases"]:
             with contextlib.suppress(NotFound):  # ended meanwhile
                 await self.coord.leases.release(me, lease["leaseId"])
-        await self.coord.store.command("ZREM", keys.hook_agents(me.namespace), f"{me.agent_id}|{hook.session_id}")
+        member = presence_of(me, hook)
+        self.written.pop(member, None)
+        await self.coord.store.command("ZREM", keys.hook_agents(me.namespace), member[1])
         await self.coord.presence.unvisit(me.namespace, hook.session_id, me.agent_id)
 
     async def news(self, me: Identity) -> str | None:
@@ -201,22 +231,24 @@ class HookAnswers:
         """PreToolUse of an edit: warn about or deny another agent's lease, else claim (or renew) the file."""
         if policy == "off":
             return {}
-        conflicts = await self.coord.leases.conflicts(me.namespace, me.agent_id, [entity])
+        holds = await self.coord.leases.holds(me.namespace, [entity])
+        conflicts = [hold for hold in holds if hold["heldBy"] != me.agent_id]
         if conflicts:
             reason = await self.held_reason(me, entity, conflicts)
             if policy == "enforce":
                 return output("PreToolUse", permissionDecision="deny", permissionDecisionReason=reason)
             return output("PreToolUse", "memento warning: " + reason)
         if claim_ttl > 0:
-            await self.claim(me, hook, entity, claim_ttl)
+            await self.claim(me, hook, entity, claim_ttl, held=bool(holds))
         return {}
 
     async def held_reason(self, me: Identity, entity: str, conflicts: list[Result]) -> str:
         """Who holds the entity, why, until when, and how to reach them."""
+        named = list(dict.fromkeys(conflict["leaseId"] for conflict in conflicts[:3]))
+        leases = {lease["leaseId"]: lease for lease in await self.coord.leases.views(me.namespace, named)}
         parts = []
         for conflict in conflicts[:3]:
-            listed = (await self.coord.leases.listed(me.namespace, entity_id=entity, limit=MAX_LISTED))["leases"]
-            lease: Result = next((item for item in listed if item["leaseId"] == conflict["leaseId"]), {})
+            lease = leases.get(conflict["leaseId"], {})
             why = f" for {lease['reason']!r}" if lease.get("reason") else ""
             parts.append(f"{conflict['heldBy']} holds {entity}{why} until {lease.get('expiresAt', '?')} "
                          f"(lease {conflict['leaseId']}, {conflict['mode']})")
@@ -224,13 +256,15 @@ class HookAnswers:
         return (f"{'; '.join(parts)}. Ask before editing it: send_message to {holders} (the memento MCP tool), "
                 "or wait for the lease to end.")
 
-    async def claim(self, me: Identity, hook: HookInput, entity: str, ttl: int) -> None:
-        """The edit's exclusive lease on the file: renewed when the agent holds one, else taken."""
-        listed = (await self.coord.leases.listed(me.namespace, entity_id=entity, limit=MAX_LISTED))["leases"]
-        mine = [lease for lease in listed if lease["agentId"] == me.agent_id and lease["entityIds"] == [entity]]
-        if mine:
-            await self.coord.leases.renew(me, mine[0]["leaseId"], ttl)
-            return
+    async def claim(self, me: Identity, hook: HookInput, entity: str, ttl: int, held: bool = True) -> None:
+        """The edit's exclusive lease on the file: renewed when the agent holds one (`held`: the file has holds,
+        all the agent's own), else taken."""
+        if held:
+            listed = (await self.coord.leases.listed(me.namespace, entity_id=entity, limit=MAX_LISTED))["leases"]
+            mine = [lease for lease in listed if lease["agentId"] == me.agent_id and lease["entityIds"] == [entity]]
+            if mine:
+                await self.coord.leases.renew(me, mine[0]["leaseId"], ttl)
+                return
         since = iso(int(time.time() * 1000))
         await self.coord.leases.acquire(me, [entity], ttl, "exclusive", hook.session_id,
                                         f"editing ({hook.record.get('tool_name')}) since {since}")

@@ -18,12 +18,13 @@ if not, the hook keeps the input in its spool for the WebSocket delivery.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
-import anyio
 import pydantic_core
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
@@ -31,12 +32,13 @@ from starlette.routing import Route
 
 from memento_sessions.auth import AuthError, Identity, bearer, session_agent, verify_token
 from memento_sessions.coordination.answers import parse
+from memento_sessions.coordination.methods import HookParams
 from memento_sessions.errors import Conflict, NotFound, RateLimited, RpcError
 from memento_sessions.ingest.claude_hooks import convert_hook
 from memento_sessions.ingest.gemini_hooks import gemini_output, to_claude
 from memento_sessions.limits import Buckets
 from memento_sessions.logs import get_logger
-from memento_sessions.rpc import Call, Registry
+from memento_sessions.rpc import Call, Registry, Result
 from memento_sessions.sessions.manager import iso, now_ms
 
 log = get_logger(__name__)
@@ -48,6 +50,7 @@ RECORDED = "x-memento-hook-recorded"
 READ_AT = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")  # as the command hook's spool writes it
 ROOT_MAX = 4096  # characters of a project root (as hook.answer's `root`)
 CLAIM_TTL_MAX = 3600
+TOKENS_KEPT = 10_000  # verified tokens remembered (each a few hundred bytes; only tokens signed with the secret)
 
 
 async def body_of(request: Request) -> Any:
@@ -72,21 +75,43 @@ FAMILIES: dict[str, Family] = {"claude-code": (lambda record: record, lambda ans
                                "gemini-cli": (to_claude, gemini_output)}
 
 
+class Tokens:
+    """The identities of the tokens the hooks post with, each verified once: an agent's hook sends the same token
+    with every tool call, and its HS256 check costs about 0.1 ms each time. A token serves from here until its
+    `exp` (then it is verified again, and refused); only tokens that passed are kept, at most TOKENS_KEPT (the
+    lot dropped past it)."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+        self.known: dict[str, Identity] = {}
+
+    def identity(self, token: str | None) -> Identity:
+        """The token's identity; AuthError when it is missing, bad or expired."""
+        known = self.known.get(token) if token else None
+        if known is not None and known.expires_at is not None and time.time() < known.expires_at:
+            return known
+        identity = verify_token(self.secret, token)
+        if len(self.known) >= TOKENS_KEPT:
+            self.known.clear()
+        self.known[str(token)] = identity
+        return identity
+
+
 def hook_routes(registry: Registry, secret: str, rate_limit: float = 0.0) -> list[Route]:
-    """`POST /hooks/<agent>` for every agent family, one rate limit for them all."""
-    limits = Buckets(rate_limit) if rate_limit > 0 else None
-    return [Route(f"/hooks/{name}", hook_endpoint(registry, secret, limits, family), methods=["POST"])
+    """`POST /hooks/<agent>` for every agent family, one rate limit and one set of verified tokens for them all."""
+    limits, tokens = Buckets(rate_limit) if rate_limit > 0 else None, Tokens(secret)
+    return [Route(f"/hooks/{name}", hook_endpoint(registry, tokens, limits, family), methods=["POST"])
             for name, family in FAMILIES.items()]
 
 
-def hook_endpoint(registry: Registry, secret: str, limits: Buckets | None, family: Family) -> Any:
-    """The route's endpoint over the daemon's registry and token secret; with `limits` (MEMENTO_WS_RATE_LIMIT,
+def hook_endpoint(registry: Registry, tokens: Tokens, limits: Buckets | None, family: Family) -> Any:
+    """The route's endpoint over the daemon's registry and verified tokens; with `limits` (MEMENTO_WS_RATE_LIMIT,
     as a /ws connection), each agent may post that many hook inputs a second (429 past it: an allow)."""
     convert, answer = family
 
     async def endpoint(request: Request) -> Response:
         try:
-            identity = verify_token(secret, bearer(request.headers.get("authorization")))
+            identity = tokens.identity(bearer(request.headers.get("authorization")))
             if limits is not None:
                 limits.take((identity.namespace, identity.agent_id))
         except AuthError as exc:
@@ -98,19 +123,26 @@ def hook_endpoint(registry: Registry, secret: str, limits: Buckets | None, famil
             return JSONResponse({})
         params, at, root = hook_params(request, record)
         recorded = [False]
-        async with anyio.create_task_group() as group:  # the events stored while the answer is made
-            if isinstance(record, dict) and isinstance(record.get("session_id"), str):
-                group.start_soon(record_events, registry, identity, record, at, root, recorded)
-            try:
-                result = await registry.call(Call(identity), "hook.answer", params)
-            except RpcError as exc:  # a backend away, a token without the scope: the tool call goes on
-                log.info("hook not answered", error=exc.message, agent_id=identity.agent_id)
-                result = None
-        reply = JSONResponse({} if result is None else answer(result["output"]))
-        reply.headers[RECORDED] = "1" if recorded[0] else "0"
-        return reply
+        storing = asyncio.create_task(record_events(registry, identity, record, at, root, recorded))  # meanwhile
+        try:
+            result = await answered(registry, Call(identity), params)
+        except RpcError as exc:  # a backend away, a token without the scope: the tool call goes on
+            log.info("hook not answered", error=exc.message, agent_id=identity.agent_id)
+            result = None
+        finally:
+            await storing
+        return Response(pydantic_core.to_json({} if result is None else answer(result["output"])),
+                        media_type="application/json", headers={RECORDED: "1" if recorded[0] else "0"})
 
     return endpoint
+
+
+async def answered(registry: Registry, call: Call, params: dict[str, Any]) -> Result:
+    """hook.answer's result, its params built without validation: hook_params checked each header, and the
+    input is what the JSON parser made of the body (validating it again walked all of it: 2.2 ms for a 1.4 MB tool
+    response, as long as parsing it). The method's scope is checked and its steps run as for any call."""
+    method, _ = registry.resolve(call, "hook.answer", None, validated=False)
+    return await registry.run(call, method, HookParams.model_construct(**params))
 
 
 def hook_params(request: Request, record: Any) -> tuple[dict[str, Any], str, str | None]:
