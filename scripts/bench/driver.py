@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -76,9 +77,28 @@ async def measure(env: Env, only: list[str] | None, run_note: Run) -> list[Figur
 
 
 async def timed_section(env: Env, name: str, section: Section) -> list[Figure]:
-    """One section's figures; prints its time, the host's load and steal, the daemon's GC pauses and Redis's
-    stalls."""
+    """One section's figures, judged; a section that raises is one failed row, and the run goes on."""
     print(f"bench: {name} ... (load average {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
+    stolen = steal_ms()
+    try:
+        figures = await watched(env, name, section)
+    except Exception as error:  # one section failing leaves the others' figures worth their table
+        print(f"bench: {name}: the section failed: {error!r:.500}", file=sys.stderr, flush=True)
+        figures = [Figure(f"{name}: the section failed ({type(error).__name__})", "", math.nan, None,
+                          extra={"failed": 1.0})]
+    stolen = steal_ms() - stolen
+    for figure in figures:
+        figure.section = name
+        figure.extra["section_steal_ms"] = stolen  # the host's share of this figure's time
+        figure.judge()
+        if figure.extra.get("failed"):
+            figure.met = False
+    return figures
+
+
+async def watched(env: Env, name: str, section: Section) -> list[Figure]:
+    """The section's figures on quiet servers; prints its time, the host's steal, the daemon's GC pauses and
+    Redis's stalls."""
     settle_gc()  # as the daemon does after start-up: in-process sections run with the same GC settings
     await quiet(env)
     before, delayed, stolen = await daemon_gc(env), await delayed_fsyncs(env), steal_ms()
@@ -89,12 +109,7 @@ async def timed_section(env: Env, name: str, section: Section) -> list[Figure]:
     print(f"bench: {name}: {took:.1f} s; vCPU time the host took (steal): {stolen:.0f} ms; "
           f"the daemon's GC pauses: {gc_note(before, await daemon_gc(env))}; "
           f"{await redis_stalls(env, delayed)}", file=sys.stderr, flush=True)
-    figures = result if isinstance(result, list) else [result]
-    for figure in figures:
-        figure.section = name
-        figure.extra["section_steal_ms"] = stolen  # the host's share of this figure's time
-        figure.judge()
-    return figures
+    return result if isinstance(result, list) else [result]
 
 
 def main(description: str | None = None) -> None:

@@ -9,6 +9,7 @@ that holds the marks only that part is replaced; a file without them is written 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import shlex
@@ -81,7 +82,7 @@ def value_text(value: float, unit: str, p50: float | None = None) -> str:
 
 def row(figure: Figure) -> str:
     """One figure as a markdown table row."""
-    value = value_text(figure.value, figure.unit, figure.extra.get("p50_ms"))
+    value = "failed" if math.isnan(figure.value) else value_text(figure.value, figure.unit, figure.extra.get("p50_ms"))
     floor = value_text(figure.floor, figure.unit, figure.extra.get("floor_p50_ms")) if figure.floor else "-"
     ratio = f"{figure.ratio:.2f}" if figure.ratio else "-"
     met = {True: "yes", False: "**no**", None: "-"}[figure.met]
