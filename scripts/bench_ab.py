@@ -5,12 +5,14 @@ Runs `scripts/bench.py --only SECTIONS` of each checkout in turn, ROUNDS times e
 every round (before, after; after, before; ...) so that a host growing busier or quieter weighs on both
 alike. Each checkout runs its own bench with its own code (PYTHONPATH set to it, for the daemon process
 too) in the same virtualenv. Then, per figure, the median of each side and its spread (lowest to highest
-run), for the value and for the ratio to the floor measured in the same run, and whether the medians
-differ by more than the runs of either side spread: "within noise" when they do not.
+run), after / before within each round (the two runs minutes apart, so the host's drift cancels), and the
+ratio to the floor measured in the same run. "within noise" when after / before is above 1 in some rounds
+and below it in others; otherwise the change held in every round.
 
     git worktree add /tmp/before <commit>
     .venv/bin/python scripts/bench_ab.py --before /tmp/before --after .            # emit sections, 3 rounds
     .venv/bin/python scripts/bench_ab.py --before /tmp/before --after . --rounds 2 --only host ws-ingest
+    .venv/bin/python scripts/bench_ab.py --report runs.json    # the table again from a run's --save
 
 The virtualenv must hold both checkouts' dependencies (the before checkout's own bench imports them).
 Each run's stderr (the sections' steal, GC pauses and stalls) goes to a log file beside --save's, or to
@@ -97,10 +99,21 @@ def collect(runs: list[Run]) -> dict[str, dict[str, Side]]:
     return table
 
 
+def paired(runs: list[Run], name: str) -> list[float]:
+    """after / before of the figure's value within each round that has both."""
+    by_round: dict[int, dict[str, float]] = {}
+    for run in runs:
+        if name in run.figures:
+            by_round.setdefault(run.round, {})[run.side] = float(run.figures[name]["value"])
+    return [sides["after"] / sides["before"] for sides in by_round.values() if sides.get("before") and "after" in sides]
+
+
 def number(value: float) -> str:
     """A value to the precision a reader compares by."""
     if abs(value) >= 1000:
         return f"{value:,.0f}"
+    if abs(value) >= 100:
+        return f"{value:.1f}"
     return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
 
 
@@ -111,43 +124,60 @@ def spread(values: list[float]) -> str:
     return f"{number(statistics.median(values))} ({number(min(values))}-{number(max(values))})"
 
 
-def verdict(before: list[float], after: list[float]) -> str:
-    """Within noise when the medians differ by no more than either side's runs spread."""
-    if not before or not after:
+def verdict(ratios: list[float], higher_is_better: bool) -> str:
+    """Within noise when after / before falls on both sides of 1 over the rounds; else which way it held."""
+    if not ratios:
         return "-"
-    gap = statistics.median(after) - statistics.median(before)
-    noise = max(max(before) - min(before), max(after) - min(after))
-    change = f"{100 * gap / statistics.median(before):+.1f} %" if statistics.median(before) else ""
-    return f"within noise ({change})" if abs(gap) <= noise else f"**outside noise** ({change})"
+    if min(ratios) <= 1 <= max(ratios):
+        return "within noise"
+    better = (min(ratios) > 1) == higher_is_better
+    return f"**{'better' if better else 'worse'} in every round**"
 
 
 def report(runs: list[Run]) -> str:
     """The markdown: the runs (load, steal), then one row per figure."""
-    lines = ["| run | side | load average at start | steal (ms) | took (s) |", "|---|---|---|---|---|"]
+    lines = ["| round | side | load average at start | steal (ms) | took (s) |", "|---|---|---|---|---|"]
     lines += [f"| {r.round} | {r.side} | {r.load:.2f} | {r.steal_ms:,.0f} | {r.took_s:.0f} |" for r in runs]
-    lines += ["", "| figure | unit | before: median (range) | after: median (range) | after vs before | "
-              "ratio to floor, before | ratio to floor, after | ratio: after vs before |",
+    lines += ["", "| figure | unit | before: median (range) | after: median (range) | after / before, per round: "
+              "median (range) | verdict | ratio to floor, before | ratio to floor, after |",
               "|---|---|---|---|---|---|---|---|"]
-    units = {name: figure["unit"] for run in runs for name, figure in run.figures.items()}
+    shown = {name: figure for run in runs for name, figure in run.figures.items()}
     for name, sides in collect(runs).items():
-        before, after = sides["before"], sides["after"]
-        lines.append(f"| {name} | {units[name]} | {spread(before.values)} | {spread(after.values)} | "
-                     f"{verdict(before.values, after.values)} | {spread(before.ratios)} | {spread(after.ratios)} | "
-                     f"{verdict(before.ratios, after.ratios)} |")
+        before, after, ratios = sides["before"], sides["after"], paired(runs, name)
+        lower_is_better = shown[name]["unit"].startswith("ms") or not shown[name].get("higher_is_better", True)
+        lines.append(f"| {name} | {shown[name]['unit']} | {spread(before.values)} | {spread(after.values)} | "
+                     f"{spread(ratios)} | {verdict(ratios, not lower_is_better)} | {spread(before.ratios)} | "
+                     f"{spread(after.ratios)} |")
     return "\n".join(lines) + "\n"
+
+
+def saved(files: list[Path]) -> list[Run]:
+    """The runs of --save files, each file's rounds numbered on from the last file's."""
+    runs: list[Run] = []
+    for file in files:
+        offset = max((run.round for run in runs), default=0)
+        runs += [Run(**{**run, "round": run["round"] + offset}) for run in json.loads(file.read_text())]
+    return runs
 
 
 def main() -> None:
     """Parse the command line, run the rounds, print the markdown."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", type=Path, required=True, help="the checkout of the code before")
-    parser.add_argument("--after", type=Path, required=True, help="the checkout of the code after")
+    parser.add_argument("--before", type=Path, help="the checkout of the code before")
+    parser.add_argument("--after", type=Path, help="the checkout of the code after")
     parser.add_argument("--rounds", type=int, default=3, help="runs of each side (default 3)")
     parser.add_argument("--only", nargs="+", default=EMIT_SECTIONS,
                         help=f"the sections (default: {' '.join(EMIT_SECTIONS)})")
     parser.add_argument("--python", default=sys.executable, help="the virtualenv's python (default this one)")
     parser.add_argument("--save", type=Path, help="also write every run's figures as JSON here (logs beside it)")
+    parser.add_argument("--report", type=Path, nargs="+", metavar="SAVED",
+                        help="only print the table of runs' --save files (their rounds one after another)")
     args = parser.parse_args()
+    if args.report:
+        print(report(saved(args.report)))
+        return
+    if not args.before or not args.after:
+        parser.error("--before and --after are needed (or --report)")
     args.before, args.after = args.before.resolve(), args.after.resolve()
     logs = args.save.parent if args.save else Path(tempfile.mkdtemp(prefix="bench-ab-"))
     print(f"bench_ab: each run's stderr in {logs}", file=sys.stderr, flush=True)

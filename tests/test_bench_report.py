@@ -1,4 +1,5 @@
-"""scripts/bench.py --markdown: the table of today's figures, written between the marks of docs/benchmarks.md."""
+"""scripts/bench.py --markdown (the table of today's figures between the marks of docs/benchmarks.md) and
+scripts/bench_ab.py (two checkouts' runs, paired by round)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))  # the bench package, as bench.py runs it
 
+import bench_ab
 from bench.harness import Figure, Target
 from bench.report import MARK_END, MARK_START, Run, check_markdown_file, row, write_markdown
 
@@ -95,3 +97,20 @@ def test_the_docs_page_holds_the_marks_the_run_writes_between() -> None:
     check_markdown_file(DOCS)
     text = DOCS.read_text()
     assert text.index(MARK_START) < text.index(MARK_END)
+
+
+def test_bench_ab_pairs_each_round_and_calls_a_change_within_noise_only_when_the_rounds_disagree() -> None:
+    def run(side: str, round_number: int, rate: float, p99: float) -> bench_ab.Run:
+        figures = {"emit": {"value": rate, "unit": "events/s", "ratio": rate / 1000},
+                   "p99": {"value": p99, "unit": "ms", "ratio": None, "higher_is_better": False}}
+        return bench_ab.Run(side, round_number, figures, load=1.0, steal_ms=0.0, took_s=20.0)
+
+    runs = [run("before", 1, 1000, 2.0), run("after", 1, 1100, 1.0), run("after", 2, 900, 1.5),
+            run("before", 2, 1000, 3.0)]
+    assert bench_ab.paired(runs, "emit") == pytest.approx([1.1, 0.9])
+    assert bench_ab.verdict(bench_ab.paired(runs, "emit"), higher_is_better=True) == "within noise"
+    assert bench_ab.verdict(bench_ab.paired(runs, "p99"), higher_is_better=False) == "**better in every round**"
+    assert bench_ab.verdict([0.8, 0.9], higher_is_better=True) == "**worse in every round**"
+    table = bench_ab.report(runs)
+    assert "| emit | events/s | 1,000 (1,000-1,000) | 1,000 (900.0-1,100) | 1.00 (0.900-1.10) | within noise |" in table
+    assert [bench_ab.order(n) for n in (1, 2, 3)] == [("before", "after"), ("after", "before"), ("before", "after")]
