@@ -1,8 +1,10 @@
-"""scripts/bench.py --markdown (the table of today's figures between the marks of docs/benchmarks.md) and
-scripts/bench_ab.py (two checkouts' runs, paired by round)."""
+"""scripts/bench.py --markdown (the table of today's figures between the marks of docs/benchmarks.md),
+scripts/bench_ab.py (two checkouts' runs, paired by round) and the bench's lean caller."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 import sys
 from pathlib import Path
@@ -13,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))  # t
 
 import bench_ab
 from bench.harness import Figure, Target
+from bench.receivers import LeanCaller
 from bench.report import MARK_END, MARK_START, Run, check_markdown_file, row, write_markdown
 
 pytestmark = pytest.mark.topology_independent
@@ -114,3 +117,21 @@ def test_bench_ab_pairs_each_round_and_calls_a_change_within_noise_only_when_the
     table = bench_ab.report(runs)
     assert "| emit | events/s | 1,000 (1,000-1,000) | 1,000 (900.0-1,100) | 1.00 (0.900-1.10) | within noise |" in table
     assert [bench_ab.order(n) for n in (1, 2, 3)] == [("before", "after"), ("after", "before"), ("before", "after")]
+
+
+def server_frame(message: dict[str, object]) -> bytes:
+    """A text frame as the daemon sends it (unmasked, under 126 bytes)."""
+    payload = json.dumps(message).encode()
+    assert len(payload) < 126
+    return bytes([0x81, len(payload)]) + payload
+
+
+@pytest.mark.anyio
+async def test_a_lean_callers_reply_is_the_reply_not_a_notification_pushed_before_it() -> None:
+    caller = LeanCaller()
+    caller.data_received(b"HTTP/1.1 101 Switching Protocols\r\n\r\n")
+    caller.waiting = asyncio.get_running_loop().create_future()
+    receipt = {"jsonrpc": "2.0", "method": "mailbox.receipt", "params": {"messageId": "m1", "stage": "pushed"}}
+    reply = {"jsonrpc": "2.0", "id": 1, "result": {"messageId": "m1"}}
+    caller.data_received(server_frame(receipt) + server_frame(reply))
+    assert json.loads(await caller.waiting) == reply
