@@ -8,6 +8,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -119,7 +120,7 @@ def test_bench_ab_pairs_each_round_and_calls_a_change_within_noise_only_when_the
     assert [bench_ab.order(n) for n in (1, 2, 3)] == [("before", "after"), ("after", "before"), ("before", "after")]
 
 
-def server_frame(message: dict[str, object]) -> bytes:
+def server_frame(message: dict[str, Any]) -> bytes:
     """A text frame as the daemon sends it (unmasked, under 126 bytes)."""
     payload = json.dumps(message).encode()
     assert len(payload) < 126
