@@ -9,7 +9,8 @@
                    Redis's own stalls; and `quiet`, which waits out an AOF rewrite before timing
     receivers.py   lean WebSocket and RESP clients (many in one process without costing the servers CPU)
     cypher.py      a FalkorDB query as its client sends it (the falkordb package's own parameter encoder)
-    driver.py      the servers, the daemon process, the run, the table and the JSON line
+    driver.py      the servers, the daemon process, the run
+    report.py      what the run leaves: the table, the JSON line, and --markdown's table for docs/benchmarks.md
     daemons.py     daemon processes on the run's servers; their CPU seconds and RSS from /proc
     crowd.py       many lean clients in a process of their own (so their CPU is not the measured one's)
     sections.py    the registry: section name -> the coroutine that measures it

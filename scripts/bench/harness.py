@@ -88,6 +88,7 @@ class Figure:
     higher_is_better: bool = True
     met: bool | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    section: str = ""  # the registry's name of the section that measured it (what `--only` takes); set by the run
 
     @property
     def ratio(self) -> float | None:
@@ -104,7 +105,7 @@ class Figure:
         """The figure as the JSON line prints it (the target as its text)."""
         return {"name": self.name, "unit": self.unit, "value": self.value, "floor": self.floor,
                 "target": self.target.text if self.target else "", "higher_is_better": self.higher_is_better,
-                "met": self.met, "extra": self.extra, "ratio": self.ratio}
+                "met": self.met, "extra": self.extra, "ratio": self.ratio, "section": self.section}
 
 
 @dataclass

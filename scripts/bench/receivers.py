@@ -134,7 +134,9 @@ class LeanCaller(LeanWebSocket):
         self.waiting: asyncio.Future[bytes] | None = None
 
     def _frame(self, opcode: int, payload: bytes, now: int) -> None:
-        if opcode == 0x1 and self.waiting is not None and not self.waiting.done():
+        # A notification is not the call's reply: a mailbox.send's sender gets its message's mailbox.receipt
+        # pushed on the same connection, sometimes before the reply.
+        if opcode == 0x1 and self.waiting is not None and not self.waiting.done() and b'"method"' not in payload[:32]:
             self.waiting.set_result(payload)
         else:
             super()._frame(opcode, payload, now)
