@@ -169,6 +169,28 @@ async def test_the_reaper_ends_many_expired_holds_in_bounded_calls(
         assert await backends.redis.exists(lkeys.counts, lkeys.covered) == 0
 
 
+async def test_an_agents_index_entry_without_its_lease_never_stalls_the_reaper(
+        backends: Backends, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    """An entry of an agent's lease index whose lease record is gone (a grant whose record named another agent
+    than its index entry, as the bench's bare calls once made, or a record lost to a crash) is removed by the
+    reaper in one bounded call. Before, the reaper's loop over the agent's leases found the entry again and
+    again without spending its budget: the Function never returned and Redis answered BUSY to every client."""
+    lkeys = keys.lease_keys(namespace)
+    async with direct(backends, backend_urls, tmp_path) as leases:
+        lease = await leases.acquire(who("gone", namespace), ["x"], 60, "shared")
+        await backends.redis.hdel(lkeys.leases, lease["leaseId"])  # the record gone, the index entry left
+        later = int(time.time() * 1000) + 600_000  # the lease expired and its agent unseen for the grace
+        try:
+            with anyio.fail_after(10):
+                *_, more = await leases.store.call("mc_reap", lkeys.all(), later, 60_000, 256)
+        except TimeoutError:
+            await backends.redis.function_kill()  # leave Redis usable for the next tests
+            pytest.fail("mc_reap did not return within 10 s")
+        assert int(more) == 0
+        assert await backends.redis.zcard(lkeys.byagent) == 0
+        assert await backends.redis.zcard(lkeys.alive) == 0
+
+
 async def test_a_lease_covering_more_than_max_covered_is_refused_and_writes_nothing(
         backend_urls: Endpoints, tmp_path: Path, namespace: str, graph: Graph) -> None:
     files = await defining(graph, 2, 60)

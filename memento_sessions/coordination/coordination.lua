@@ -152,7 +152,7 @@ local function drop_expired(keys, now, budget)
     for _, lease_id in ipairs(gone) do
       if spent >= budget then break end
       local used, done = drop(keys, lease_id, budget - spent)
-      spent = spent + used
+      spent = spent + math.max(used, 1) -- a lease with nothing left to remove still spends: the loop always ends
       if done then dropped = dropped + 1 end
     end
   end
@@ -575,8 +575,11 @@ local function drop_agent(keys, agent, budget)
     for _, member in ipairs(members) do
       if spent >= budget then break end
       local used, done = drop(keys, string.sub(member, #agent + 2), budget - spent)
-      spent = spent + used
-      if done then dropped = dropped + 1 end
+      spent = spent + math.max(used, 1)
+      if done then
+        dropped = dropped + 1
+        redis.call('ZREM', keys[5], member) -- gone with its lease, or an entry whose lease record is missing
+      end
     end
   end
   return spent, dropped, false

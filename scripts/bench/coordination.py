@@ -97,7 +97,7 @@ async def _bare_acquires(env: Env, run: str, files: list[tuple[str, list[str]]])
     version = str(await env.redis.hget(keys.lease_keys(env.namespace).fence, GRAPH_FIELD) or "")
     calls: list[list[str | int]] = []
     for i, (file, symbols) in enumerate(files):
-        tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": "floor", "mode": "exclusive"})[:-1]
+        tail = json.dumps({"leaseId": f"floor-{run}-{i}", "agentId": f"floor-{run}", "mode": "exclusive"})[:-1]
         pairs = [item for symbol in symbols for item in (symbol, file)]
         calls.append([f"floor-{run}", f"floor-{run}-{i}", "exclusive", 60_000, 10_000_000, tail, version, 100, 256,
                       2 + len(pairs), file, "", *pairs])  # then no containers to check (a file has none)
