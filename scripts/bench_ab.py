@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.numbers import number  # scripts/ is on the path: this file runs as scripts/bench_ab.py
+
 EMIT_SECTIONS = ["host", "emit", "emit-64", "batch", "ws-ingest", "emit-leases"]
 SIDES = ("before", "after")
 
@@ -106,15 +108,6 @@ def paired(runs: list[Run], name: str) -> list[float]:
         if name in run.figures:
             by_round.setdefault(run.round, {})[run.side] = float(run.figures[name]["value"])
     return [sides["after"] / sides["before"] for sides in by_round.values() if sides.get("before") and "after" in sides]
-
-
-def number(value: float) -> str:
-    """A value to the precision a reader compares by."""
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 100:
-        return f"{value:.1f}"
-    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
 
 
 def spread(values: list[float]) -> str:

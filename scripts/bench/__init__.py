@@ -11,6 +11,7 @@
     cypher.py      a FalkorDB query as its client sends it (the falkordb package's own parameter encoder)
     driver.py      the servers, the daemon process, the run
     report.py      what the run leaves: the table, the JSON line, and --markdown's table for docs/benchmarks.md
+    numbers.py     a figure's value to the precision a reader compares by (the table's and bench_ab.py's)
     daemons.py     daemon processes on the run's servers; their CPU seconds and RSS from /proc
     crowd.py       many lean clients in a process of their own (so their CPU is not the measured one's)
     sections.py    the registry: section name -> the coroutine that measures it

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.harness import Figure
+from bench.numbers import number
 from bench.watch import steal_ms
 
 MARK_START = "<!-- scripts/bench.py --markdown: from here to the end mark, the run's own words -->"
@@ -64,15 +65,6 @@ class Run:
         self.took_s = time.time() - self.started
         self.steal_total_ms = steal_ms() - self.steal_at_start
         self.loads.append(os.getloadavg()[0])
-
-
-def number(value: float) -> str:
-    """`5,432`, `153.2`, `2.92`: a figure's value to the precision a reader compares by."""
-    if abs(value) >= 1000:
-        return f"{value:,.0f}"
-    if abs(value) >= 100:
-        return f"{value:.1f}"
-    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3f}"
 
 
 def value_text(value: float, unit: str, p50: float | None = None) -> str:
