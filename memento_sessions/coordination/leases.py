@@ -177,13 +177,10 @@ class Leases:
                      cursor: str | None = None, limit: int = 100) -> Result:
         """A page of the live leases, by leaseId, filtered by entity (what covers it) or agent; it stops at
         `limit` leases or a quarter of the send buffer, whichever comes first (then `nextCursor`)."""
-        lkeys, now = keys.lease_keys(namespace), now_ms()
         ids = sorted(i for i in await self._candidates(namespace, entity_id, agent_id) if cursor is None or i > cursor)
         page = Page(limit, page_bytes(self.settings.ws_send_buffer))
         for start in range(0, len(ids), LIST_CHUNK):  # a chunk at a time: never every lease read at once
-            raws = await self.store.command("HMGET", lkeys.leases, *ids[start:start + LIST_CHUNK])
-            views = (lease_view(raw, now) for raw in raws if raw)
-            if not all(page.add(view) for view in views if view is not None):
+            if not all(page.add(view) for view in await self.views(namespace, ids[start:start + LIST_CHUNK])):
                 break
         result: Result = {"leases": page.items}
         if page.more:
