@@ -22,7 +22,15 @@ from falkordb.asyncio import FalkorDB
 from redis.asyncio.cluster import ClusterNode, NodesManager, RedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ClusterError, RedisClusterException, ResponseError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    MovedError,
+    RedisClusterException,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -45,10 +53,13 @@ class ClusterUnreachable(RedisConnectionError):
 
 
 # Errors that mean "a backend did not answer": retried where safe, else reported as -32050. On a Redis
-# Cluster: CLUSTERDOWN and MASTERDOWN (ClusterError), redirections past redis-py's limit (ClusterError), a
-# slot no node serves (SlotNotCoveredError), no node reachable (ClusterUnreachable).
+# Cluster: CLUSTERDOWN and MASTERDOWN (ClusterError), redirections past redis-py's limit (ClusterError, or
+# the last MOVED/ASK itself, as its transactions raise it while a reshard or failover has two primaries
+# sending a slot to each other), a slot no node serves (SlotNotCoveredError), no node reachable
+# (ClusterUnreachable).
 UNAVAILABLE: tuple[type[BaseException], ...] = (
-    RedisConnectionError, RedisTimeoutError, ClusterError, SlotNotCoveredError, TryAgainError, OSError,
+    RedisConnectionError, RedisTimeoutError, ClusterError, MovedError, AskError, SlotNotCoveredError,
+    TryAgainError, OSError,
     asyncpg.PostgresConnectionError, asyncpg.InterfaceError,
 )
 

@@ -299,6 +299,42 @@ async def test_a_slot_migrated_under_the_daemon_is_followed_through_ask_and_move
             await target.aclose()
 
 
+async def test_a_read_while_two_primaries_send_each_other_its_slot_is_refused_as_unavailable(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    # Mid-reshard (or mid-failover) the topology is in flux: here the source has given the slot away while the
+    # target still names the source, so each answers MOVED to the other. redis-py's cluster transactions (every
+    # session read) gave up with the MovedError itself, which was answered -32603 and made a subscription's
+    # catch-up go live without its replay; it is the backend not answering (-32050, retried).
+    settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
+    async with running(settings) as daemon, rpc(daemon.port, token("w", namespace)) as peer:
+        sid = (await peer.call("session.create", {}))["sessionId"]
+        await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m1"}})
+        skeys = keys.session_keys(namespace, sid)
+        slot = key_slot(skeys.session.encode())
+        source = cluster.port_of(skeys.session)
+        target = next(port for port in cluster.primaries() if port != source)
+        source_id, target_id = cluster.node_id(source), cluster.node_id(target)
+        with cluster.client(source) as src, cluster.client(target) as dst:
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            while names := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "AUTH", PASSWORD, "KEYS", *names)
+            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)  # the target not told yet
+        try:
+            error = await peer.error("session.get", {"sessionId": sid})
+            assert error["code"] == -32050, error
+            assert (await peer.error("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m2"}}))[
+                "code"] == -32050
+        finally:
+            for port in cluster.primaries():
+                with cluster.client(port) as primary:
+                    primary.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+        # Settled: the read and the write go through, and the refused emit wrote nothing.
+        assert [e["id"] for e in (await peer.call("session.get", {"sessionId": sid}))["events"]] == ["m1"]
+        assert (await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m2"}}))[
+            "seq"] == 2
+
+
 @pytest.mark.parametrize(("url", "message"), [
     ("redis+cluster://", "is not host:port"),
     ("redis+cluster://a:1,b", "'b' is not host:port"),

@@ -23,7 +23,7 @@ import pydantic_core
 
 from memento_sessions import keys
 from memento_sessions.backends import UNANSWERED
-from memento_sessions.errors import Conflict, InvalidParams, Reason
+from memento_sessions.errors import Conflict, InvalidParams, NotFound, Reason
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_REFUSED
 from memento_sessions.redisio.fanout import Fanout
@@ -131,9 +131,10 @@ class Subscription:
     async def catch_up(self) -> None:
         """Replay everything after last_seq from the ZSET, then the held frames, then go live.
 
-        Redis not answering (a failover still under way: CLUSTERDOWN, a lost connection) is retried after the
-        reconnect policy's pauses, holding live frames meanwhile: live without the replay, the subscription
-        would never see that the history went back, and take the events given its lost seqs for duplicates."""
+        Anything but the session being gone (a failover still under way: CLUSTERDOWN, a lost connection, two
+        primaries sending the slot to each other) is retried after the reconnect policy's pauses, holding live
+        frames meanwhile: live without the replay, the subscription would never see that the history went
+        back, and take the events given its lost seqs for duplicates."""
         if self.closed:
             return
         failures = Failures(self.fanout.backoff)
@@ -142,16 +143,14 @@ class Subscription:
                 try:
                     await self._replay_events()
                     break
-                except UNANSWERED as exc:
+                except NotFound:  # expired or deleted: nothing to replay; a session made anew restarts at seq 1
+                    break
+                except Exception as exc:
                     pause = failures.failed()
                     if failures.count == 1:  # one line per outage and subscription, not one per try
                         log.warning("catch-up failed; retrying", session_id=self.session_id, error=repr(exc),
-                                    retry_in=round(pause, 3))
+                                    unanswered=isinstance(exc, UNANSWERED), retry_in=round(pause, 3))
                     await anyio.sleep(pause)
-                except Exception as exc:  # e.g. the session is gone: the next reconnect or gap tries again
-                    log.warning("catch-up failed", session_id=self.session_id, error=repr(exc))
-                    self.live = True
-                    return
             self._flush_pending()
         self._replay = None
 
