@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio as aioredis
+from structlog.testing import capture_logs
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -125,6 +126,36 @@ async def test_killing_the_pubsub_connection_loses_no_event(daemon: Daemon, name
     for s in subscribers:
         await s.__aexit__(None, None, None)
     assert daemon.services is not None and daemon.services.fanout.reconnects >= 3
+    await r.aclose()
+
+
+async def test_a_catch_up_that_fails_is_retried_until_it_delivers_what_was_stored_meanwhile(
+        daemon: Daemon, namespace: str) -> None:
+    # A catch-up whose read failed with an error it did not know (a redirection past the driver's retries,
+    # here WRONGTYPE) went live without its replay: an event stored while the pub/sub connection was down never
+    # reached the subscriber. Every failure but a gone session is retried after the reconnect pauses.
+    r = aioredis.Redis.from_url(daemon.settings.redis_url or "", decode_responses=True)
+    async with rpc(daemon.port, token("a", namespace)) as a, rpc(daemon.port, token("b", namespace)) as b:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "e0"}})
+        assert (await b.call("session.subscribe", {"sessionId": sid}))["seq"] == 1
+        skeys = keys.session_keys(namespace, sid)
+        (first,) = [str(member) for member in await r.zrange(skeys.events, 0, -1)]
+        hidden = skeys.events + ":hidden"  # the same hash tag: the same slot on a cluster
+        await r.rename(skeys.events, hidden)
+        await r.set(skeys.events, "not a sorted set")
+        with capture_logs() as logs:
+            assert await r.client_kill_filter(_type="pubsub") >= 1  # reconnect: every subscription catches up
+            with anyio.fail_after(10):
+                while not any(line["event"].startswith("catch-up failed") for line in logs):
+                    await anyio.sleep(0.02)
+        # An event stored while the subscription was not listening: only the catch-up can deliver it.
+        await r.delete(skeys.events)
+        await r.rename(hidden, skeys.events)
+        await r.zadd(skeys.events, {first.replace('{"seq":1,', '{"seq":2,').replace('"e0"', '"e1"'): 2})
+        await r.hset(skeys.session, "seq", 2)
+        note = await b.notification("session.event", 10)
+        assert (note["params"]["seq"], note["params"]["event"]["id"]) == (2, "e1")
     await r.aclose()
 
 
