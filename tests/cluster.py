@@ -178,19 +178,29 @@ class LocalCluster:
         keys `batch` at a time (ASK meanwhile for those that left), then SETSLOT NODE on every primary (MOVED
         after); the number of keys moved."""
         source = self.port_of_slot(slot)
-        source_id, target_id = self.node_id(source), self.node_id(target)
+        moved = self.move_keys(slot, source, target, batch, pause)
+        self.assign(slot, target, [target, source, *[p for p in self.primaries() if p not in (source, target)]])
+        return moved
+
+    def move_keys(self, slot: int, source: int, target: int, batch: int = 3, pause: float = 0.05) -> int:
+        """The first half of `migrate`: the slot IMPORTING on the target, MIGRATING on the source, and its keys
+        moved `batch` at a time; the number of keys moved. No primary is told the new owner yet."""
         with self.client(source) as src, self.client(target) as dst:
-            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
+            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
             moved = 0
             while names := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
                 src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "AUTH", PASSWORD, "KEYS", *names)
                 moved += len(names)
                 time.sleep(pause)  # writes keep coming between batches: some meet ASK, some TRYAGAIN
-        for port in (target, source, *[p for p in self.primaries() if p not in (source, target)]):
+        return moved
+
+    def assign(self, slot: int, target: int, ports: list[int] | None = None) -> None:
+        """SETSLOT NODE: the primaries on `ports` (every primary by default) told that `target` owns `slot`."""
+        target_id = self.node_id(target)
+        for port in self.primaries() if ports is None else ports:
             with self.client(port) as node:
                 node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
-        return moved
 
     def port_of_slot(self, slot: int) -> int:
         for port in self.procs:

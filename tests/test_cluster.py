@@ -313,22 +313,15 @@ async def test_a_read_while_two_primaries_send_each_other_its_slot_is_refused_as
         slot = key_slot(skeys.session.encode())
         source = cluster.port_of(skeys.session)
         target = next(port for port in cluster.primaries() if port != source)
-        source_id, target_id = cluster.node_id(source), cluster.node_id(target)
-        with cluster.client(source) as src, cluster.client(target) as dst:
-            dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
-            src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
-            while names := src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-                src.execute_command("MIGRATE", "127.0.0.1", target, "", 0, 5000, "AUTH", PASSWORD, "KEYS", *names)
-            src.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)  # the target not told yet
+        cluster.move_keys(slot, source, target, batch=100, pause=0)
+        cluster.assign(slot, target, [source])  # the target not told yet
         try:
             error = await peer.error("session.get", {"sessionId": sid})
             assert error["code"] == -32050, error
             assert (await peer.error("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m2"}}))[
                 "code"] == -32050
         finally:
-            for port in cluster.primaries():
-                with cluster.client(port) as primary:
-                    primary.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+            cluster.assign(slot, target)
         # Settled: the read and the write go through, and the refused emit wrote nothing.
         assert [e["id"] for e in (await peer.call("session.get", {"sessionId": sid}))["events"]] == ["m1"]
         assert (await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m2"}}))[
