@@ -1,8 +1,9 @@
 """Noisy neighbour: one namespace's event.emit latency while a tenant of another namespace runs a heavy
 load (loads.py: leases, checkpoints, forks), against the same emits with no load, in the same run.
 
-The victim is a lean client (receivers.LeanCaller, one request frame built once) emitting into its own
-session one event at a time on a fixed schedule (PACE a second), over a window that ends after 1,000
+The victim is a lean client (receivers.LeanCaller, one request frame built once) in a process of its own
+(victim.py: the load's client work, such as sending a 700 KB batch, is then not the victim's), emitting
+into its own session one event at a time on a fixed schedule (PACE a second), over a window that ends after 1,000
 emits (300 with --quick), when the load has spent its steps, or at the deadline (three times the
 window's planned length), whichever comes first. A load's figure is the victim's p99 under it beside
 its p99 with no load (the ratio must stay within 3x): the lower of the section's first window and of one
@@ -24,60 +25,30 @@ with the tenant's request).
 
 from __future__ import annotations
 
-import json
 import math
 import sys
-import time
-from dataclasses import dataclass, field
 
 import anyio
-from redis.exceptions import TimeoutError as RedisTimeout
 
 from bench.harness import (
     Env,
     Figure,
     Samples,
     Target,
-    collect_when_due,
-    collector_between_calls,
     floor_args,
     new_session,
     pct,
     timed,
 )
 from bench.loads import Checkpoints, Forks, Leases, Load, LoadRun, drive
-from bench.receivers import LeanCaller, masked_frame, upgraded
 from bench.tenant import Tenant, tenant_ws
+from bench.victim import Victim, Window, apart, q
 from bench.watch import quiet
 
 PACE = 200  # victim emits a second
 PING_EVERY = 0.01  # seconds between the bare PINGs beside a window
 CALL_TIMEOUT = 60.0  # seconds: a victim's emit still unanswered then fails the window
 WITHIN = Target(3.0, on_ratio=True, below=True, text="<= 3 x the victim's p99 with no load")
-VICTIM_EVENT = {"type": "modified", "changeInfo": {"entityIds": ["fn:parse_config"]}}
-
-
-@dataclass
-class Window:
-    """The victim's emits in one window, the bare PINGs beside them, and how long it ran."""
-
-    emits: Samples = field(default_factory=list)
-    late: Samples = field(default_factory=list)  # from when each emit was due to its reply
-    errors: int = 0
-    pings: Samples = field(default_factory=list)
-    ping_timeouts: int = 0
-    seconds: float = 0.0
-
-    def extra(self) -> dict[str, float]:
-        return {"p50_ms": q(self.late, 0.5), "max_ms": q(self.late, 1.0), "per_call_p99_ms": q(self.emits, 0.99),
-                "per_call_p50_ms": q(self.emits, 0.5), "emits": len(self.emits), "emit_errors": self.errors,
-                "window_s": self.seconds, "redis_ping_p99_ms": q(self.pings, 0.99),
-                "redis_ping_max_ms": q(self.pings, 1.0), "redis_ping_timeouts": self.ping_timeouts}
-
-
-def q(samples: Samples, quantile: float) -> float:
-    """pct, or NaN for a window that ended before its first sample (a load that stopped at once)."""
-    return pct(samples, quantile) if samples else math.nan
 
 
 def loads(env: Env) -> list[Load]:
@@ -92,32 +63,27 @@ async def noisy_neighbour(env: Env) -> list[Figure]:
     """The victim's emit p99 with no load, then under each load in turn."""
     count = 300 if env.quick else 1000
     victim = Tenant.new("victim")
-    caller = await upgraded(env.port, victim.token("victim"), LeanCaller)
-    try:
-        frame = await emit_frame(caller)
-        await timed(100, lambda _: caller.call(frame), remote=True)  # warm
+    async with apart(env.port, victim.token("victim"), env.redis_url, count, PACE, PING_EVERY,
+                     CALL_TIMEOUT) as caller:
         floor = await bare_emits(env, count)
         await quiet(env)
-        calm = await window(env, caller, frame, count, None)
+        calm = await caller.window(None)
         figures = [Figure("noisy-neighbour: other namespace's emit p99, no load", "ms",
                           pct(calm.late, 0.99), pct(floor, 0.99), higher_is_better=False,
                           extra=calm.extra() | {"floor_p50_ms": pct(floor, 0.5)})]
         for load in loads(env):
-            figures.append(await loaded(env, caller, frame, count, load, calm))
-    finally:
-        assert caller.transport is not None
-        caller.transport.close()
+            figures.append(await loaded(env, caller, load, calm))
     return figures
 
 
-async def loaded(env: Env, caller: LeanCaller, frame: bytes, count: int, load: Load, first: Window) -> Figure:
+async def loaded(env: Env, caller: Victim, load: Load, first: Window) -> Figure:
     """The victim's figure under one load, beside the lower no-load p99 of the section's first window and of
     one just before the load's (a reference the host's noise raised would make the target easier); NaN,
     said on stderr, when the load could not run (a daemon that refuses its set-up, say): the run's other
     figures still print."""
     name = f"noisy-neighbour: other namespace's emit p99, {load.name} load"
     try:
-        calm, seen, run = await under(env, caller, frame, count, load)
+        calm, seen, run = await under(env, caller, load)
     except Exception as exc:  # any failure of one load is reported, not fatal to the run
         print(f"bench: noisy-neighbour: the {load.name} load failed: {exc!r}", file=sys.stderr, flush=True)
         return Figure(name, "ms", math.nan, None, WITHIN, higher_is_better=False, extra={"failed": 1})
@@ -126,73 +92,28 @@ async def loaded(env: Env, caller: LeanCaller, frame: bytes, count: int, load: L
                   extra=seen.extra() | {"no_load_before_p99_ms": q(calm.late, 0.99)} | steps(run) | load.note())
 
 
-async def emit_frame(caller: LeanCaller) -> bytes:
-    """The victim's session, and the masked frame of its event.emit."""
-    create = masked_frame(0x1, b'{"jsonrpc":"2.0","id":1,"method":"session.create","params":{}}')
-    sid = json.loads(await caller.call(create))["result"]["sessionId"]
-    return masked_frame(0x1, json.dumps({"jsonrpc": "2.0", "id": 2, "method": "event.emit",
-                                         "params": {"sessionId": sid, "event": VICTIM_EVENT}}).encode())
-
-
 async def bare_emits(env: Env, count: int) -> Samples:
     """The floor: FCALL ms_emit of an event as the daemon sends it, sequential, with no load."""
     fkeys, fargs = floor_args(env, await new_session(env, env.manager()))
     return await timed(count, lambda _: env.redis.fcall("ms_emit", 4, *fkeys, *fargs), remote=True)
 
 
-async def under(env: Env, caller: LeanCaller, frame: bytes, count: int,
-                load: Load) -> tuple[Window, Window, LoadRun]:
+async def under(env: Env, caller: Victim, load: Load) -> tuple[Window, Window, LoadRun]:
     """The load made ready; a window of the victim's emits with no load, then one while the load runs."""
     try:
         async with tenant_ws(env, load.tenant, "tenant") as rpc:
             await load.setup(env, rpc)
             await quiet(env)
-            calm = await window(env, caller, frame, count, None)
+            calm = await caller.window(None)
             await quiet(env)
             stop, run = anyio.Event(), LoadRun()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drive, load, rpc, stop, run)
-                seen = await window(env, caller, frame, count, run.finished)
+                seen = await caller.window(run.finished)
                 stop.set()
     finally:
         await load.cleanup(env)
     return calm, seen, run
-
-
-async def window(env: Env, caller: LeanCaller, frame: bytes, count: int, ended: anyio.Event | None) -> Window:
-    """Up to `count` emits, one at a time at PACE a second, until `ended` is set or the deadline passes."""
-    seen, done = Window(), anyio.Event()
-
-    async def probe() -> None:
-        while not done.is_set():
-            started = time.perf_counter()
-            try:
-                await env.redis.ping()
-            except RedisTimeout:  # Redis held its thread past the client's socket timeout (5 s): a sample too
-                seen.ping_timeouts += 1
-            seen.pings.append((time.perf_counter() - started) * 1000)
-            await anyio.sleep(PING_EVERY)
-
-    deadline, start = 3 * count / PACE, time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(probe)
-        with collector_between_calls():
-            for i in range(count):
-                if (ended is not None and ended.is_set()) or time.perf_counter() - start > deadline:
-                    break
-                due = start + i / PACE
-                await anyio.sleep(max(0.0, due - time.perf_counter()))
-                sent = time.perf_counter()
-                with anyio.fail_after(CALL_TIMEOUT):  # a lean client does not notice a closed connection
-                    reply = await caller.call(frame)
-                replied = time.perf_counter()
-                seen.emits.append((replied - sent) * 1000)
-                seen.late.append((replied - due) * 1000)
-                seen.errors += b'"result"' not in reply
-                collect_when_due()
-        done.set()
-    seen.seconds = time.perf_counter() - start
-    return seen
 
 
 def steps(run: LoadRun) -> dict[str, float]:
