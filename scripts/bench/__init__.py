@@ -22,6 +22,7 @@
     replicas.py (emits with MEMENTO_REPLICA_ACKS=1 on a primary and replica of its own)   the sections
     neighbour.py   noisy-neighbour: another namespace's emit latency while one tenant runs a heavy load
     loads.py       the tenant's loads it runs (leases, checkpoints, forks)
+    victim.py      its victim, a lean client emitting on a schedule, in a process of its own
     heavy.py       heavy-rss: the daemon's RSS growth per fork, suspend and resume, at two session sizes
     tenant.py      a namespace of its own for those: its tokens and connections, heavy sessions in it
     peers.py       --peers: the OpenAI Agents SDK and Google ADK in their own virtualenv (bench_peers.py)
@@ -36,6 +37,6 @@ Adding a section is one new module and one registry line:
 2. In `sections.py`, import the module and add one line to SECTIONS: `"<name>": <module>.measure,`.
    `scripts/bench.py --only <name>` then runs it alone.
 
-Sections import from `harness` (and `watch`, `receivers`, `cypher`, `daemons`, `tenant`, `loads`), never
+Sections import from `harness` (and `watch`, `receivers`, `cypher`, `daemons`, `tenant`, `loads`, `victim`), never
 from each other or from `driver`, so there is no import cycle.
 """
