@@ -268,6 +268,7 @@ async def test_a_frame_over_1_mib_closes_with_1009_and_changes_nothing(daemon: D
         assert (await again.call("session.get", {"sessionId": sid}))["session"]["seq"] == 0
 
 
+@pytest.mark.topology_independent  # WebSocket keepalive: no Redis in it
 async def test_a_peer_that_stops_answering_pings_is_closed(backend_urls: Endpoints, tmp_path: Path,
                                                             namespace: str) -> None:
     """Keepalive: a ping unanswered for MEMENTO_WS_PING_INTERVAL closes the connection (default 20 s)."""
