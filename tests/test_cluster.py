@@ -11,6 +11,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -256,16 +259,36 @@ def same_slot_id(sid: str) -> str:
     return next(f"twin-{i}" for i in range(10**6) if key_slot(f"twin-{i}".encode()) == slot)
 
 
-async def test_a_slot_migrated_under_the_daemon_is_followed_through_ask_and_moved(
-        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+@dataclass
+class Moving:
+    """A daemon on the cluster, a session of one event (`m1`) in it, its slot, and a primary to move it to."""
+
+    peer: RpcSocket
+    sid: str
+    skeys: keys.SessionKeys
+    slot: int
+    source: int
+    target: int
+
+
+@asynccontextmanager
+async def a_session_to_move(cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path,
+                            namespace: str) -> AsyncIterator[Moving]:
     settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
     async with running(settings) as daemon, rpc(daemon.port, token("w", namespace)) as peer:
         sid = (await peer.call("session.create", {}))["sessionId"]
         await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m1"}})
         skeys = keys.session_keys(namespace, sid)
-        slot = key_slot(skeys.session.encode())
-        source_port = cluster.port_of(skeys.session)
-        target_port = next(port for port in cluster.ports if port != source_port)
+        source = cluster.port_of(skeys.session)
+        target = next(port for port in cluster.primaries() if port != source)
+        yield Moving(peer, sid, skeys, key_slot(skeys.session.encode()), source, target)
+
+
+async def test_a_slot_migrated_under_the_daemon_is_followed_through_ask_and_moved(
+        cluster: LocalCluster, backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    async with a_session_to_move(cluster, backend_urls, tmp_path, namespace) as moving:
+        peer, sid, skeys, slot, source_port, target_port = (moving.peer, moving.sid, moving.skeys, moving.slot,
+                                                             moving.source, moving.target)
         source, target = node(cluster, source_port), node(cluster, target_port)
         source_id = await source.execute_command("CLUSTER", "MYID")
         target_id = await target.execute_command("CLUSTER", "MYID")
@@ -305,14 +328,8 @@ async def test_a_read_while_two_primaries_send_each_other_its_slot_is_refused_as
     # target still names the source, so each answers MOVED to the other. redis-py's cluster transactions (every
     # session read) gave up with the MovedError itself, which was answered -32603 and made a subscription's
     # catch-up go live without its replay; it is the backend not answering (-32050, retried).
-    settings = make_settings(on_cluster(backend_urls, cluster), tmp_path)
-    async with running(settings) as daemon, rpc(daemon.port, token("w", namespace)) as peer:
-        sid = (await peer.call("session.create", {}))["sessionId"]
-        await peer.call("event.emit", {"sessionId": sid, "event": {"type": "modified", "id": "m1"}})
-        skeys = keys.session_keys(namespace, sid)
-        slot = key_slot(skeys.session.encode())
-        source = cluster.port_of(skeys.session)
-        target = next(port for port in cluster.primaries() if port != source)
+    async with a_session_to_move(cluster, backend_urls, tmp_path, namespace) as moving:
+        peer, sid, slot, source, target = moving.peer, moving.sid, moving.slot, moving.source, moving.target
         cluster.move_keys(slot, source, target, batch=100, pause=0)
         cluster.assign(slot, target, [source])  # the target not told yet
         try:
