@@ -60,6 +60,14 @@ def carries_the_work(repo: Path, other: Path) -> None:
     assert (other / "f2.py").read_text() == "x = 2\n" and (other / "new.bin").read_bytes() == BLOB
 
 
+async def session_cli(capsys: pytest.CaptureFixture[str], namespace: str, *argv: str) -> tuple[int, str, str]:
+    """`memento-sessions session --namespace NAMESPACE ARGV...` in process: its exit code, stdout and stderr."""
+    capsys.readouterr()
+    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", namespace, *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 async def patches(daemon: Daemon, namespace: str, sid: str) -> list[dict[str, Any]]:
     return [e["data"] for e in await stored(daemon.port, namespace, sid) if e["type"] == "git:patch"]
 
@@ -72,9 +80,7 @@ async def test_suspend_from_a_dirty_tree_then_resume_and_checkout_reproduce_the_
     async with rpc(daemon.port, token("alice", cli)) as peer:
         await peer.call("session.create", {"sessionId": "s1", "entityIds": ["fn:a"]})
     monkeypatch.chdir(repo)
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "--json", "suspend", "s1"])
-    out, err = capsys.readouterr()
+    code, out, err = await session_cli(capsys, cli, "--json", "suspend", "s1")
     assert code == 0 and json.loads(out)["status"] == "suspended"
     head = git(repo, "rev-parse", "HEAD").strip()
     assert git(repo, "diff", "--cached", "--name-only") == staged  # the agent's index untouched
@@ -99,20 +105,15 @@ async def test_a_patch_over_the_limit_is_refused_and_said_and_the_session_still_
     async with rpc(daemon.port, token("alice", cli)) as peer:
         await peer.call("session.create", {"sessionId": "big"})
     monkeypatch.setenv("MEMENTO_HOOK_PATCH_MAX_BYTES", "100")
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "--json", "suspend", "big",
-                                                 "--work-tree", str(repo)])
-    out, err = capsys.readouterr()
+    code, out, err = await session_cli(capsys, cli, "--json", "suspend", "big", "--work-tree", str(repo))
     assert code == 0 and json.loads(out)["status"] == "suspended"
     assert cli_lines(err) == [f"memento-sessions session suspend: the uncommitted work of {repo} was not stored: "
                               "larger than 100 bytes (MEMENTO_HOOK_PATCH_MAX_BYTES)"]
     head = git(repo, "rev-parse", "HEAD").strip()
     assert await patches(daemon, cli, "big") == [{"head": head, "refused": "too_large", "max": 100}]
     assert (await run(capsys, "session", "--namespace", cli, "resume", "big"))[0] == 0
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "checkout", "big", "--into",
-                                                 str(other)])
-    assert code == 1 and cli_lines(capsys.readouterr().err) == [
+    code, _, err = await session_cli(capsys, cli, "checkout", "big", "--into", str(other))
+    assert code == 1 and cli_lines(err) == [
         "memento-sessions session checkout: the uncommitted work was not stored: larger than 100 bytes "
         "(MEMENTO_HOOK_PATCH_MAX_BYTES)"]
 
@@ -128,16 +129,12 @@ async def test_outside_a_work_tree_or_with_no_work_suspend_stores_nothing(
             await peer.call("session.create", {"sessionId": sid})
     for where, argv in ((plain, ["suspend", "out"]), (repo, ["suspend", "off", "--no-work"])):
         monkeypatch.chdir(where)
-        capsys.readouterr()
-        code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "--json", *argv])
-        out, err = capsys.readouterr()
+        code, out, err = await session_cli(capsys, cli, "--json", *argv)
         assert code == 0 and json.loads(out)["status"] == "suspended" and json.loads(out)["seq"] == 0
         assert cli_lines(err) == []
         assert await patches(daemon, cli, argv[1]) == []
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "suspend", "named", "--work-tree",
-                                                 str(plain)])
-    assert code == 0 and cli_lines(capsys.readouterr().err) == [  # a tree named and not one: said
+    code, _, err = await session_cli(capsys, cli, "suspend", "named", "--work-tree", str(plain))
+    assert code == 0 and cli_lines(err) == [  # a tree named and not one: said
         f"memento-sessions session suspend: {plain} is not a git work tree with a commit: no uncommitted work "
         "stored"]
 
@@ -149,10 +146,7 @@ async def test_git_past_its_time_stores_nothing_says_so_and_the_session_suspends
     async with rpc(daemon.port, token("alice", cli)) as peer:
         await peer.call("session.create", {"sessionId": "slow"})
     monkeypatch.setenv("MEMENTO_HOOK_GIT_TIMEOUT", "0.001")  # no git answers that fast
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "--json", "suspend", "slow",
-                                                 "--work-tree", str(repo)])
-    out, err = capsys.readouterr()
+    code, out, err = await session_cli(capsys, cli, "--json", "suspend", "slow", "--work-tree", str(repo))
     assert code == 0 and json.loads(out)["status"] == "suspended"
     assert cli_lines(err) == [f"memento-sessions session suspend: the uncommitted work of {repo} was not stored: "
                               "git took longer than MEMENTO_HOOK_GIT_TIMEOUT (0.001 s)"]
@@ -167,9 +161,8 @@ async def test_a_session_that_cannot_be_suspended_is_said_once_by_the_suspend(
         await peer.call("session.create", {"sessionId": "done", "entityIds": ["fn:a"]})
         await peer.call("session.checkpoint", {"sessionId": "done", "final": True})
     monkeypatch.chdir(repo)
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "suspend", "done"])
-    assert code == 1 and cli_lines(capsys.readouterr().err) == [
+    code, _, err = await session_cli(capsys, cli, "suspend", "done")
+    assert code == 1 and cli_lines(err) == [
         "memento-sessions session suspend: a completed session is not suspended (-32009)"]
     assert await patches(daemon, cli, "done") == []
 
@@ -185,10 +178,9 @@ async def test_a_suspend_from_a_clean_tree_records_its_head_over_older_work(
     assert (await run(capsys, "session", "--namespace", cli, "resume", "s2"))[0] == 0
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "the work, committed")  # then nothing is left uncommitted
-    capsys.readouterr()
-    code = await anyio.to_thread.run_sync(main, ["session", "--namespace", cli, "suspend", "s2"])
+    code, _, err = await session_cli(capsys, cli, "suspend", "s2")
     head = git(repo, "rev-parse", "HEAD").strip()
-    assert code == 0 and cli_lines(capsys.readouterr().err) == [
+    assert code == 0 and cli_lines(err) == [
         f"memento-sessions session suspend: . has no uncommitted work: stored its HEAD {head}"]
     assert (await run(capsys, "session", "--namespace", cli, "resume", "s2"))[0] == 0
     git(other, "fetch", "-q", str(repo), "HEAD")
