@@ -190,7 +190,8 @@ class Leases:
     async def views(self, namespace: str, lease_ids: Sequence[str]) -> list[Result]:
         """The live leases of `lease_ids` (at most LIST_CHUNK of them), as lease.list shows them: one read."""
         raws = await self.store.command("HMGET", keys.lease_keys(namespace).leases, *lease_ids[:LIST_CHUNK])
-        return [view for view in (lease_view(raw, now_ms()) for raw in raws if raw) if view is not None]
+        now = now_ms()
+        return [view for view in (lease_view(raw, now) for raw in raws if raw) if view is not None]
 
     async def _candidates(self, namespace: str, entity_id: str | None, agent_id: str | None) -> list[str]:
         lkeys = keys.lease_keys(namespace)
