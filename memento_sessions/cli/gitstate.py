@@ -22,7 +22,7 @@ before the spawn, so none is missed), and `hook --flush` waits for them all befo
 commit stamp of a PostToolUse (a few milliseconds, small outputs) stays in the hook call.
 
 `memento-sessions session suspend` takes the uncommitted work of the tree it runs in the same way (`work`,
-`patch_events`: cli_session.py), and `session checkout` reads the newest back (`newest_patch`, `apply`).
+`patch_events`: cli/session.py), and `session checkout` reads the newest back (`newest_patch`, `apply`).
 """
 
 from __future__ import annotations
