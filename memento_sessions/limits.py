@@ -7,6 +7,9 @@ requests, share one bucket per agent (`Buckets`).
 
 Paces, fair shares of the daemon's and Redis's time: a namespace's heavy work is paced, the others' is not.
 
+Letting go is work too: the 76,800 entity ids of a large batch, freed at once when the last reference goes,
+hold the event loop about 2 ms. `let_go` empties such a list or set a part at a time instead.
+
 Some requests do work in proportion to what they name: a lease write on every entity its lease covers (about
 5 us each on a 2-vCPU host, in calls of at most MEMENTO_LEASE_CALL_ENTITIES); an event batch and its
 checkpoint on every entity id (validated, stored, summarised: about 4 us each in the daemon). One tenant
@@ -23,7 +26,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from prometheus_client import Counter  # a server package: the client's light install has none
 
 KEPT = 10_000  # namespaces whose spending is remembered at once; past it, those fully paid are forgotten
+FREE_PART = 4096  # items let go of between two turns of the event loop (about 0.1 ms of entity ids)
 AHEAD = 0.1  # seconds of its budget a namespace may owe without waiting
 
 
@@ -115,3 +119,15 @@ class Buckets:
         else:
             self._buckets.move_to_end(key)
         bucket.take()
+
+
+async def let_go(items: list[Any] | set[Any], part: int = FREE_PART) -> None:
+    """Empty `items` `part` at a time, with a turn for others between: what only `items` held is freed as it
+    goes, not all at once when the last reference to it goes."""
+    while items:
+        if isinstance(items, list):
+            del items[-part:]
+        else:
+            for _ in range(min(part, len(items))):
+                items.pop()
+        await anyio.lowlevel.checkpoint()

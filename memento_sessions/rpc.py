@@ -27,7 +27,7 @@ from memento_sessions.errors import (
     Reason,
     RpcError,
 )
-from memento_sessions.limits import TokenBucket
+from memento_sessions.limits import TokenBucket, let_go
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
 
@@ -282,6 +282,22 @@ async def items_in_parts(model: type[BaseModel], raw: Any) -> dict[str, list[Any
             await anyio.lowlevel.checkpoint()
         parts[name] = done
     return parts or None
+
+
+async def let_go_of(request: Request) -> None:
+    """A large request, once answered: its lists of models (a batch's events) and the raw lists they were
+    validated from emptied PART items at a time, with a turn for other connections between (limits.let_go).
+    Freed at once when the request goes, a batch's 76,800 entity ids held the event loop about 2 ms. The
+    handlers are done with the request by then; a model one of them kept stays whole."""
+    lists: list[list[Any]] = []
+    if isinstance(request.params, BaseModel):
+        found = (getattr(request.params, name) for name, _ in model_lists(type(request.params)))
+        lists += [items for items in found if isinstance(items, list)]
+    raw = request.message.get("params")
+    if isinstance(raw, dict):
+        lists += [items for items in raw.values() if isinstance(items, list)]
+    for items in lists:
+        await let_go(items, PART)
 
 
 def model_lists(model: type[BaseModel]) -> list[tuple[str, type[BaseModel]]]:

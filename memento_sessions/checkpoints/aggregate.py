@@ -79,11 +79,15 @@ class Tally:
             for impact in _key_impacts(event):
                 if self.cap is None or len(self.impacts) < self.cap:
                     self.impacts.setdefault(impact)
-        named = [entity for event in events for entity in _entity_ids(event)]
-        new = set(named) - self.seen
+        named, new = 0, set()
+        for event in events:  # set.update and map(str) run in C: no Python code per id
+            ids = _entity_ids(event)
+            named += len(ids)
+            new.update(ids)
+        new -= self.seen
         self.seen |= new
         self.kept = [*self.kept, *new] if self.cap is None else smallest([*self.kept, *new], self.cap)
-        return len(named)
+        return named
 
     def summary(self, state: str) -> Summary:
         """The summary of every part added; `state` is the outcome."""
@@ -122,7 +126,7 @@ def _part(event: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _entity_ids(event: dict[str, Any]) -> list[str]:
-    return [str(entity) for entity in _part(event, "changeInfo").get("entityIds") or []]
+    return list(map(str, _part(event, "changeInfo").get("entityIds") or []))
 
 
 def _breaks(event: dict[str, Any]) -> bool:

@@ -33,7 +33,7 @@ from memento_sessions.checkpoints.snapshots import TRANSIENT, Snapshots
 from memento_sessions.checkpoints.triggers import Triggers
 from memento_sessions.errors import BackendUnavailable, NotFound
 from memento_sessions.kg.graph import Graphs
-from memento_sessions.limits import Pacer
+from memento_sessions.limits import Pacer, let_go
 from memento_sessions.logs import get_logger, one_pass
 from memento_sessions.metrics import (
     CHECKPOINT_ENTITIES_SKIPPED,
@@ -54,7 +54,7 @@ DRAIN_SECONDS = 5.0
 SNAPSHOT_TRANSIENT: tuple[type[BaseException], ...] = (*TRANSIENT, TimeoutError)
 FLUSH_EVERY = 5.0  # seconds between passes over the pending snapshots
 FLUSH_MAX_DELAY = 10.0  # the longest pause while Postgres is down
-DECODE_PART = 16  # events of a window decoded and summarised between two turns of the event loop
+DECODE_PART = 4  # events of a window (each naming at most 256 ids) decoded and summarised per turn of the event loop
 
 
 def checkpoint_id(namespace: str, epoch: str, session_id: str, seq: int, final: bool) -> str:
@@ -206,15 +206,21 @@ class Checkpointer:
 
     async def _summarise(self, namespace: str, members: list[str], state: str) -> tuple[list[dict[str, Any]], Summary]:
         """The window's events decoded and summarised a part at a time (at most DECODE_PART events, so at
-        most 256 ids each), with a turn for the daemon's other work between parts: a window of 100,000
-        new ids never holds the event loop for longer than one part takes. The parts of one namespace go at
+        most 1,024 ids: well under a millisecond), with a turn for the daemon's other work between parts: a
+        window of 100,000 new ids never holds the event loop for longer than one part takes, and the ids are let
+        go of in parts too (limits.let_go). The events are kept only for the snapshot a broken window stores
+        (with Postgres); otherwise the list is empty. The parts of one namespace go at
         most MEMENTO_BATCH_IDS_PACE ids a second (limits.py)."""
+        keep = state == "broken" and self.backends.postgres.enabled  # a broken checkpoint stores them (snapshot)
         tally, events = Tally(self.settings.checkpoint_max_entities), []
         for start in range(0, len(members), DECODE_PART):
             part = [decode(member) for member in members[start:start + DECODE_PART]]
-            events += part
+            if keep:
+                events += part
             await self.pacer.take(namespace, tally.add(part))
-        return events, tally.summary(state)
+        summary = tally.summary(state)
+        await let_go(tally.seen)
+        return events, summary
 
     async def _new_snapshot(self, namespace: str, session: dict[str, Any], last: dict[str, Any], cp_id: str,
                             window: list[dict[str, Any]]) -> Pending:

@@ -21,7 +21,7 @@ from memento_sessions.auth import SESSION_ID, AuthError, Identity, bearer, sessi
 from memento_sessions.limits import TokenBucket
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
-from memento_sessions.rpc import Call, Registry, Request, answer, prepare_in_parts
+from memento_sessions.rpc import LARGE_FRAME, Call, Registry, Request, answer, let_go_of, prepare_in_parts
 from memento_sessions.ws.connection import Connection
 
 log = get_logger(__name__)
@@ -126,6 +126,8 @@ class Gateway:
                 if reply is not None:
                     conn.notify(reply.decode())
                 conn.replied()
+                if size >= LARGE_FRAME:
+                    await let_go_of(request)  # its tens of thousands of ids freed a part at a time
         finally:
             if ahead is not None:
                 ahead.cancel()
