@@ -1,5 +1,7 @@
-"""What a large event.emitBatch costs the daemon's event loop: its entity ids are checked in pydantic-core, not by
-Python code per id, and a bad id anywhere in it refuses the whole batch with the id's own field path."""
+"""What a large event.emitBatch costs the daemon's event loop and Redis: its entity ids are checked in pydantic-core,
+not by Python code per id, and a bad id anywhere in it refuses the whole batch with the id's own field path; its
+Function call publishes no frames to a session nobody subscribes to, and searches no body for a fencing token
+when no event carries one, while a stale token anywhere in a batch still refuses it whole."""
 
 from __future__ import annotations
 
@@ -11,11 +13,13 @@ from typing import Any
 
 import pytest
 
+from memento_sessions.backends import Backends, is_cluster_client
 from memento_sessions.rpc import validate
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.sessions.methods import EmitBatchParams
 from tests.helpers import token
 from tests.rpcsocket import rpc
+from tests.test_subscriptions import events_until
 
 pytestmark = pytest.mark.anyio
 EVENTS, IDS = 300, 256  # 76,800 ids: the noisy-neighbour bench's checkpoint batch
@@ -70,3 +74,45 @@ async def test_a_control_character_in_the_last_id_refuses_the_whole_batch(daemon
         events[-1]["changeInfo"]["entityIds"][-1] = "fine"
         stored = await peer.call("event.emitBatch", {"sessionId": sid, "events": events})
         assert stored["seqs"] == list(range(1, EVENTS + 1))
+
+
+async def publishes(backends: Backends) -> int:
+    """PUBLISH and SPUBLISH calls Redis has run (INFO commandstats: those of Functions count), over every primary."""
+    def of(stats: Any) -> int:
+        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("publish", "spublish"))
+    if not is_cluster_client(backends.redis):
+        return of(await backends.redis.info("commandstats"))
+    info: Any = await backends.redis.info("commandstats", target_nodes="primaries")
+    return sum(of(node) for node in info.values())
+
+
+async def test_a_batch_nobody_subscribes_to_publishes_no_frames_and_a_later_subscriber_misses_nothing(
+        daemon: Daemon, backends: Backends, namespace: str) -> None:
+    async with rpc(daemon.port, token("alice", namespace)) as a, rpc(daemon.port, token("bob", namespace)) as b:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        before = await publishes(backends)
+        assert (await a.call("event.emitBatch", {"sessionId": sid, "events": batch()}))["seqs"][-1] == EVENTS
+        # One frame per event was published before, to nobody; the daemon's other traffic publishes a few.
+        assert await publishes(backends) - before < EVENTS // 10
+        await b.call("session.subscribe", {"sessionId": sid, "since": 0})
+        assert await events_until(b, EVENTS) == list(range(1, EVENTS + 1)), "the stored events, replayed"
+        before = await publishes(backends)
+        await a.call("event.emitBatch", {"sessionId": sid, "events": batch()})
+        assert await events_until(b, 2 * EVENTS) == list(range(EVENTS + 1, 2 * EVENTS + 1)), "then live frames"
+        assert await publishes(backends) - before >= EVENTS
+
+
+async def test_a_stale_fencing_token_on_one_event_of_a_large_batch_refuses_all_of_it(daemon: Daemon,
+                                                                                     namespace: str) -> None:
+    """The Function skips its search for tokens only when no event of the call carries one."""
+    async with rpc(daemon.port, token("alice", namespace)) as a, rpc(daemon.port, token("bob", namespace)) as b:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        old = (await a.call("lease.acquire", {"entityIds": ["fn:x"], "mode": "exclusive", "ttl": 60}))
+        await a.call("lease.release", {"leaseId": old["leaseId"]})
+        await b.call("lease.acquire", {"entityIds": ["fn:x"], "mode": "exclusive", "ttl": 60})
+        events = batch()
+        events[-1] = {"type": "modified", "changeInfo": {"entityIds": ["fn:x"]}, "fencingToken": old["fencingToken"]}
+        error = await a.error("event.emitBatch", {"sessionId": sid, "events": events})
+        assert error["code"] == -32009 and error["data"]["reason"] == "stale_lease"
+        got = await a.call("session.get", {"sessionId": sid})
+        assert got["session"]["seq"] == 0 and got["events"] == []

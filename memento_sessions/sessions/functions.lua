@@ -5,8 +5,10 @@
 -- (FULL's second word is the reason: session_full, namespace_full).
 
 -- How a session's frames are published: sessions/functions.py loads 'SPUBLISH' on a Redis Cluster, where the
--- session's channel is a shard channel in the session's own slot (announcements stay PUBLISH: relayed to all).
+-- session's channel is a shard channel in the session's own slot (announcements stay PUBLISH: relayed to all),
+-- and counts its subscribers with 'SHARDNUMSUB' there.
 local SESSION_PUBLISH = 'PUBLISH'
+local SESSION_NUMSUB = 'NUMSUB'
 
 local function refresh(keys, ttl)
   for i = 1, 4 do redis.call('EXPIRE', keys[i], ttl) end
@@ -61,10 +63,18 @@ local function create(keys, args)
   return epoch
 end
 
+-- Whether any connection of this server (on a Redis Cluster: of the session's shard, where the daemons
+-- subscribe) listens on the session's channel. With none, an emit publishes no frames: a subscriber that
+-- comes later reads the stored events after its subscription is in place, so it misses nothing, and a
+-- large batch does not build and send a frame per event to nobody.
+local function listened(channel)
+  return redis.call('PUBSUB', SESSION_NUMSUB, channel)[2] > 0
+end
+
 -- The seqs already stored under the batch's ids (one HMGET per 200), so no event needs a read of its own.
-local function known_ids(keys, args, first)
+local function known_ids(keys, args, first, last)
   local ids, known = {}, {}
-  for i = first, #args, 3 do if args[i] ~= '' then table.insert(ids, args[i]) end end
+  for i = first, last, 3 do if args[i] ~= '' then table.insert(ids, args[i]) end end
   for j = 1, #ids, 200 do
     local last = math.min(j + 199, #ids)
     local seqs = redis.call('HMGET', keys[4], unpack(ids, j, last))
@@ -74,9 +84,9 @@ local function known_ids(keys, args, first)
 end
 
 -- How many of the batch's events would be stored (not replays of an id already stored or earlier in it).
-local function fresh_count(args, first, known)
+local function fresh_count(args, first, last, known)
   local fresh, seen = 0, {}
-  for i = first, #args, 3 do
+  for i = first, last, 3 do
     local id = args[i]
     if id == '' then
       fresh = fresh + 1
@@ -107,9 +117,9 @@ end
 -- than the session's mark for one of its entities (the newest exclusive lease granted on it, copied in by
 -- mc_fence_sync before the emit) is refused: FULL stale_lease, and nothing is written. The marks are
 -- `!fence:<entityId>` fields of the ids hash (event ids never start with '!'). Events without the token
--- cost one plain string search.
-local function stale_fence(keys, args, first)
-  for i = first, #args, 3 do
+-- cost one plain string search, and none when the caller says that no event carries one.
+local function stale_fence(keys, args, first, last)
+  for i = first, last, 3 do
     local body = args[i + 2]
     if string.find(body, '"fencingToken":', 1, true) then
       local event = cjson.decode('{' .. body)
@@ -128,27 +138,34 @@ local function stale_fence(keys, args, first)
 end
 
 -- ARGV: now_ms, actor, channel, sid_json, max_events, then (id, new_state, body) per event; body is the
--- event's JSON without its opening brace, so the stored member is exactly '{"seq":N,' .. body.
+-- event's JSON without its opening brace, so the stored member is exactly '{"seq":N,' .. body. A last
+-- argument 'unfenced' after the events says that no event carries a fencingToken: their bodies (700 KB
+-- for a batch of 76,800 ids) are then not searched for one. Without it, every body is.
 -- A batch that would take the session past max_events stored events writes nothing (FULL). However many
 -- events it holds, a batch is one ZADD, one HSET of its ids and one of the session (fewer commands and
 -- fewer copies in the AOF); only the frames go out one per event, in order.
 local function emit(keys, args)
   -- KEYS: session hash, events zset, agents set, ids hash
   local now_ms, actor, channel, sid_json, max_events = args[1], args[2], args[3], args[4], args[5]
-  local first = 6  -- the first event's id; (id, new_state, body) from there to #args
+  local first, last = 6, #args  -- the first event's id; (id, new_state, body) from there to last
+  local unfenced = (last - first) % 3 == 0 and args[last] == 'unfenced'
+  if unfenced then last = last - 1 end
   local live = live_session(keys)
   if live.err then return live end
-  local known = known_ids(keys, args, first)
-  local fresh = fresh_count(args, first, known)
+  local known = known_ids(keys, args, first, last)
+  local fresh = fresh_count(args, first, last, known)
   local stored = redis.call('ZCARD', keys[2])
   if fresh > 0 and stored + fresh > tonumber(max_events) then
     return redis.error_reply('FULL session_full ' .. stored .. ' events stored, ' .. fresh .. ' more; at most ' ..
                              max_events .. ' (MEMENTO_SESSION_MAX_EVENTS)')
   end
-  local stale = stale_fence(keys, args, first)
-  if stale then return stale end
+  if not unfenced then
+    local stale = stale_fence(keys, args, first, last)
+    if stale then return stale end
+  end
   local seq, state, out, members, ids = live[4], nil, {}, {}, {}
-  for i = first, #args, 3 do
+  local publish = listened(channel)
+  for i = first, last, 3 do
     local id = args[i]
     local prior = id ~= '' and known[id]
     if prior then  -- a replay of an id stored before, or earlier in this batch: its seq, nothing written
@@ -161,7 +178,7 @@ local function emit(keys, args)
       end
       local member = '{"seq":' .. seq .. ',' .. args[i + 2]
       table.insert(members, seq); table.insert(members, member)
-      publish_event(channel, sid_json, live[3], seq, member)
+      if publish then publish_event(channel, sid_json, live[3], seq, member) end
       table.insert(out, seq); table.insert(out, 0)
       if args[i + 1] ~= '' then state = args[i + 1] end
     end

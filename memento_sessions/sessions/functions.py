@@ -17,6 +17,7 @@ from memento_sessions.redisio.pipe import Acks, Pipe, call_acked
 log = get_logger(__name__)
 LIBRARY = resources.files("memento_sessions.sessions").joinpath("functions.lua").read_text()
 _PUBLISH = "local SESSION_PUBLISH = 'PUBLISH'"
+_NUMSUB = "local SESSION_NUMSUB = 'NUMSUB'"
 _ERRORS: dict[str, type[RpcError]] = {"NOTFOUND": NotFound, "CONFLICT": Conflict, "EXISTS": Conflict}
 
 
@@ -75,9 +76,13 @@ class FunctionStore:
 
 
 def library(*, cluster: bool) -> str:
-    """The library's code: on a Redis Cluster, sessions' frames are SPUBLISHed (see functions.lua)."""
-    assert _PUBLISH in LIBRARY
-    return LIBRARY.replace(_PUBLISH, _PUBLISH.replace("'PUBLISH'", "'SPUBLISH'")) if cluster else LIBRARY
+    """The library's code: on a Redis Cluster, sessions' frames are SPUBLISHed and their listeners counted with
+    SHARDNUMSUB (see functions.lua)."""
+    assert _PUBLISH in LIBRARY and _NUMSUB in LIBRARY
+    if not cluster:
+        return LIBRARY
+    return LIBRARY.replace(_PUBLISH, _PUBLISH.replace("'PUBLISH'", "'SPUBLISH'")).replace(
+        _NUMSUB, _NUMSUB.replace("'NUMSUB'", "'SHARDNUMSUB'"))
 
 
 def translate(message: str) -> Exception:
