@@ -18,7 +18,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.redisio.pipe import Pipe
+from memento_sessions.redisio.pipe import LARGE_CALL, Pipe
 from memento_sessions.redisio.resp import Address
 
 pytestmark = pytest.mark.anyio
@@ -42,6 +42,23 @@ async def test_calls_of_one_loop_turn_share_a_write_and_get_their_own_replies(ba
         await pipe.call("HGET", key, "field")
     assert await pipe.call("GET", key) == "200", "an error reply leaves the connection usable"
     pipe.close()
+    pipe.close()
+
+
+@pytest.mark.parametrize("spin_us", [0, 250])
+async def test_a_large_call_does_not_hold_up_the_small_calls_sent_after_it(backend_urls: Endpoints, namespace: str,
+                                                                          spin_us: int) -> None:
+    """A command of LARGE_CALL bytes or more (a batch of events) goes on a connection of its own: behind it on the
+    shared one, a small call would wait for Redis to read and run it. Here the large call is a BLPOP that waits
+    2 s on a 64 KiB key: a PING sent after it is answered meanwhile."""
+    pipe = Pipe(backend_urls.redis_url, spin_us)
+    assert await pipe.call("PING") == "PONG"
+    large = asyncio.ensure_future(pipe.call("BLPOP", f"{namespace}:" + "k" * LARGE_CALL, 2))
+    await anyio.sleep(0.1)
+    with anyio.fail_after(1.0):
+        assert await pipe.call("PING") == "PONG"
+    assert not large.done()
+    assert await large is None, "the large call answered in its turn"
     pipe.close()
 
 

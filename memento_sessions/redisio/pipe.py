@@ -14,6 +14,12 @@ calls go out on a second connection, where a `WAIT n timeout` follows the comman
 that one WAIT covers every write sent before it on the connection (the calls without Acks keep the first
 connection, so they never queue behind a WAIT); past its timeout the call is -32050 (replicas_behind).
 
+A command of LARGE_CALL bytes or more (a batch of events) goes out on a connection of its own too. Redis
+reads a connection's pipeline 16 KB per turn of its event loop and answers it in order, so behind a 700 KB
+batch on the shared connection every small call would wait for Redis to read the whole batch, then to run
+it; on its own connection the small calls are read and run between those turns (Redis still runs the batch's
+Function in one piece: other clients wait for that alone).
+
 After a write on an idle connection the loop is kept polling, not sleeping, until the reply is in
 or `spin` seconds have passed: on a VM, waking a vCPU that went idle costs tens of microseconds,
 twice per round trip, more than Redis's own work on an emit. See docs/hot-path.md.
@@ -43,6 +49,7 @@ from memento_sessions.retry import RECONNECT, Backoff, Failures
 log = get_logger(__name__)
 CALL_TIMEOUT = 5.0
 POLL_SLICE = 20e-6  # the longest one loop turn reads the socket itself while spinning; then others run
+LARGE_CALL = 64 * 1024  # bytes of a command sent on the connection of large calls (no spinning there)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +246,7 @@ class Pipe:
         self._failures = Failures(backoff)
         self._url, self._backoff = url, backoff
         self._waits: Pipe | None = None  # the connection of the calls made with Acks (their WAITs hold it)
+        self._large: Pipe | None = None  # the connection of the calls of LARGE_CALL bytes or more
 
     @staticmethod
     def supports(url: str) -> bool:
@@ -248,8 +256,14 @@ class Pipe:
     async def call(self, *args: str | int | float) -> Any:
         """Send one command (in the same write as the others of this loop turn) and await its reply
         (bulk strings as str)."""
-        protocol = await self._connected()
-        return await protocol.send(pack(args))  # the connection's watchdog enforces CALL_TIMEOUT
+        command = pack(args)
+        if len(command) >= LARGE_CALL:
+            if self._large is None:  # no spinning: Redis takes milliseconds to read and run such a call
+                self._large = Pipe(self._url, 0, self._backoff)
+            protocol = await self._large._connected()
+        else:
+            protocol = await self._connected()
+        return await protocol.send(command)  # the connection's watchdog enforces CALL_TIMEOUT
 
     async def call_asking(self, *args: str | int | float, acks: Acks | None = None) -> Any:
         """ASKING and the command back to back on one connection: a Redis Cluster slot being migrated
@@ -314,8 +328,9 @@ class Pipe:
         protocol, self._protocol = self._protocol, None
         if protocol is not None:
             protocol.close()
-        if self._waits is not None:
-            self._waits.close()
+        for other in (self._waits, self._large):
+            if other is not None:
+                other.close()
 
 
 def _retrieved(future: asyncio.Future[Any]) -> None:
