@@ -64,9 +64,11 @@ local function create(keys, args)
 end
 
 -- Whether any connection of this server (on a Redis Cluster: of the session's shard, where the daemons
--- subscribe) listens on the session's channel. With none, an emit publishes no frames: a subscriber that
--- comes later reads the stored events after its subscription is in place, so it misses nothing, and a
--- large batch does not build and send a frame per event to nobody.
+-- subscribe) listens on the session's channel. With none, an emit of ASK_FROM events or more publishes no
+-- frames: a subscriber that comes later reads the stored events after its subscription is in place, so it
+-- misses nothing, and a large batch does not build and send a frame per event to nobody. A call of fewer
+-- events publishes without asking: for one frame, asking costs what publishing does.
+local ASK_FROM = 5
 local function listened(channel)
   return redis.call('PUBSUB', SESSION_NUMSUB, channel)[2] > 0
 end
@@ -164,7 +166,7 @@ local function emit(keys, args)
     if stale then return stale end
   end
   local seq, state, out, members, ids = live[4], nil, {}, {}, {}
-  local publish = listened(channel)
+  local publish = (last - first + 1) / 3 < ASK_FROM or listened(channel)
   for i = first, last, 3 do
     local id = args[i]
     local prior = id ~= '' and known[id]
