@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pydantic_core
 import redis.asyncio as aioredis
 from prometheus_client import Counter
