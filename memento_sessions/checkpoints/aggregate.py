@@ -80,7 +80,7 @@ class Tally:
                 if self.cap is None or len(self.impacts) < self.cap:
                     self.impacts.setdefault(impact)
         named, new = 0, set()
-        for event in events:  # set.update and map(str) run in C: no Python code per id
+        for event in events:  # the ids gathered by set.update and map(str), in C
             ids = _entity_ids(event)
             named += len(ids)
             new.update(ids)
