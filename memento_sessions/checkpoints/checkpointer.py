@@ -184,12 +184,13 @@ class Checkpointer:
             return {**last.get("result", {}), "checkpointId": last.get("id")}
         # One read for the view and the window, so the window ends exactly at the view's seq.
         session, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
-        events, summary = await self._summarise(namespace, members, session["state"])
+        snapshots = session["state"] == "broken" and self.backends.postgres.enabled  # the outcome is the state
+        events, summary = await self._summarise(namespace, members, session["state"], keep=snapshots)
         CHECKPOINT_ENTITIES_SKIPPED.inc(summary.entities_skipped)
         cp_id = checkpoint_id(namespace, session["epoch"], session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
         snapshot = None
-        if summary.outcome == "broken" and self.backends.postgres.enabled:
+        if snapshots:
             snapshot = await self._new_snapshot(namespace, session, last, cp_id, events)
             await self.pending.write(snapshot)  # kept before Postgres is asked: it will exist whatever happens next
         with unwrap_group():
@@ -204,14 +205,14 @@ class Checkpointer:
                  ms=round((time.perf_counter() - started) * 1000, 2))
         return result
 
-    async def _summarise(self, namespace: str, members: list[str], state: str) -> tuple[list[dict[str, Any]], Summary]:
+    async def _summarise(self, namespace: str, members: list[str], state: str,
+                         keep: bool) -> tuple[list[dict[str, Any]], Summary]:
         """The window's events decoded and summarised a part at a time (at most DECODE_PART events, so at
         most 1,024 ids: well under a millisecond), with a turn for the daemon's other work between parts: a
         window of 100,000 new ids never holds the event loop for longer than one part takes, and the ids are let
-        go of in parts too (limits.let_go). The events are kept only for the snapshot a broken window stores
-        (with Postgres); otherwise the list is empty. The parts of one namespace go at
+        go of in parts too (limits.let_go). The decoded events are returned with `keep` (a broken window's
+        snapshot stores them); otherwise the list is empty. The parts of one namespace go at
         most MEMENTO_BATCH_IDS_PACE ids a second (limits.py)."""
-        keep = state == "broken" and self.backends.postgres.enabled  # a broken checkpoint stores them (snapshot)
         tally, events = Tally(self.settings.checkpoint_max_entities), []
         for start in range(0, len(members), DECODE_PART):
             part = [decode(member) for member in members[start:start + DECODE_PART]]

@@ -88,6 +88,12 @@ def _quoted(text: str) -> str:
     return json_text(text)
 
 
+def fence_flag(events: Sequence[EventIn]) -> list[str]:
+    """ms_emit's optional last argument: UNFENCED when no event carries a fencingToken, so the Function need not
+    search the bodies for one."""
+    return [UNFENCED] if all(event.fencingToken is None for event in events) else []
+
+
 def event_body(event: EventIn, actor: str, session_json: str, now: str) -> str:
     """The stored event's JSON without its opening brace; the Function splices `{"seq":N,` in front.
 
@@ -350,8 +356,7 @@ class SessionManager:
             if i and not i % BODY_PART:
                 await anyio.lowlevel.checkpoint()  # a turn for other clients within a large batch
             args += [event.id or "", event.new_state(), event_body(event, who.agent_id, session_json, stamp)]
-        if all(event.fencingToken is None for event in events):
-            args.append(UNFENCED)  # the Function need not search the bodies for a token
+        args += fence_flag(events)
         acks = replica_acks(self.settings)
         try:
             flat = await self.store.call("ms_emit", skeys, *args, acks=acks)

@@ -28,7 +28,7 @@ from bench.daemons import cpu_seconds
 from bench.harness import Env, Figure, Target, new_session, pct
 from memento_sessions import keys
 from memento_sessions.ingest import convert_lines
-from memento_sessions.sessions.manager import UNFENCED, event_body, iso, now_ms
+from memento_sessions.sessions.manager import event_body, fence_flag, iso, now_ms
 from memento_sessions.sessions.models import EventIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,8 +95,7 @@ async def bare_batches(env: Env, events: list[dict[str, Any]]) -> float:
         args = list(head)
         for event in models[first:first + BATCH]:
             args += [event.id or "", event.new_state(), event_body(event, "bench", session_json, stamp)]
-        if all(event.fencingToken is None for event in models[first:first + BATCH]):
-            args.append(UNFENCED)
+        args += fence_flag(models[first:first + BATCH])
         calls.append(args)
     fkeys = keys.session_keys(env.namespace, sid).all()
     start = time.perf_counter()
