@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pydantic_core
 import pytest
 import redis.asyncio as aioredis
 
@@ -20,7 +21,7 @@ from memento_sessions.auth import Identity
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.limits import Pacer
-from memento_sessions.rpc import Call, Registry, prepare, prepare_in_parts
+from memento_sessions.rpc import FRAME_PART, Call, Registry, prepare, prepare_in_parts
 from memento_sessions.server.daemon import Daemon, running, settle_gc
 from memento_sessions.sessions.janitor import lifecycle_candidates, sweep_namespace
 from memento_sessions.sessions.methods import EmitBatchParams
@@ -107,13 +108,36 @@ BAD_PARAMS: list[Callable[[list[dict[str, Any]]], dict[str, Any]]] = [
 ]
 
 
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")], ids=["spaced", "compact"])
 @pytest.mark.parametrize("params", BAD_PARAMS)
-async def test_params_validated_in_parts_are_the_same_as_in_one_go(params: Callable[..., dict[str, Any]]) -> None:
+async def test_params_validated_in_parts_are_the_same_as_in_one_go(params: Callable[..., dict[str, Any]],
+                                                                   separators: tuple[str, str]) -> None:
     call = Call(Identity("alice", "ns", frozenset({"sessions:write"})))
-    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "event.emitBatch", "params": params(batch("s"))})
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "event.emitBatch", "params": params(batch("s"))},
+                       separators=separators)
     whole, parts = prepare(registry(), call, frame), await prepare_in_parts(registry(), call, frame)
     assert parts.params == whole.params
     assert (parts.error and parts.error.to_dict()) == (whole.error and whole.error.to_dict())
+
+
+async def test_a_large_frame_is_parsed_a_part_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    parsed: list[int] = []
+    from_json = pydantic_core.from_json
+
+    def counted(data: str | bytes, **options: Any) -> Any:
+        parsed.append(len(data))
+        return from_json(data, **options)
+
+    monkeypatch.setattr(pydantic_core, "from_json", counted)
+    call = Call(Identity("alice", "ns", frozenset({"sessions:write"})))
+    events = batch("s")
+    frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "event.emitBatch",
+                        "params": {"sessionId": "s", "events": events}}, separators=(",", ":"))
+    request = await prepare_in_parts(registry(), call, frame)
+    assert request.error is None
+    assert [event.model_dump(exclude_unset=True) for event in request.params.events] == events
+    assert len(parsed) > len(frame) // FRAME_PART  # a part at a time, each a turn of the event loop
+    assert max(parsed) < 2 * FRAME_PART, f"one parse of {max(parsed)} characters"
 
 
 
