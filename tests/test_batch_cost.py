@@ -17,7 +17,10 @@ import pytest
 from memento_sessions.backends import Backends, is_cluster_client
 from memento_sessions.rpc import PART, Request, let_go_of, validate
 from memento_sessions.server.daemon import Daemon
+from memento_sessions.sessions.functions import FunctionStore
+from memento_sessions.sessions.manager import WHOLE_FROM, emit_args, event_body, iso, now_ms, route
 from memento_sessions.sessions.methods import EmitBatchParams
+from memento_sessions.sessions.models import EventIn
 from tests.helpers import token
 from tests.rpcsocket import rpc
 from tests.test_subscriptions import events_until
@@ -139,3 +142,44 @@ async def test_an_answered_batch_is_let_go_of_a_part_at_a_time() -> None:
         tg.cancel_scope.cancel()
     assert params.events == [] and raw["params"]["events"] == []
     assert turns >= 2 * EVENTS // PART - 1, "a turn for others after each part of each list"
+
+
+async def test_a_large_batch_sent_as_whole_members_reads_back_and_streams_as_sent(daemon: Daemon,
+                                                                                 namespace: str) -> None:
+    """A batch of WHOLE_FROM bytes or more goes to the Function with each event's member built under the seq
+    it should get: the stored events and the live frames are those of any other emit."""
+    events = batch()
+    assert len(json.dumps(events)) >= WHOLE_FROM
+    async with rpc(daemon.port, token("alice", namespace)) as a, rpc(daemon.port, token("bob", namespace)) as b:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("event.emit", {"sessionId": sid, "event": {"type": "note", "data": {"text": "first"}}})
+        await b.call("session.subscribe", {"sessionId": sid, "since": 1})
+        assert (await a.call("event.emitBatch", {"sessionId": sid, "events": events}))["seqs"] == \
+            list(range(2, EVENTS + 2))
+        assert await events_until(b, EVENTS + 1) == list(range(2, EVENTS + 2))
+        got = await a.call("session.get", {"sessionId": sid, "since": 1})
+    assert [event["seq"] for event in got["events"]] == list(range(2, EVENTS + 2))
+    assert [event["changeInfo"]["entityIds"] for event in got["events"]] == \
+        [event["changeInfo"]["entityIds"] for event in events]
+    assert {event["actor"] for event in got["events"]} == {"alice"}
+
+
+@pytest.mark.parametrize("guess", [0, 1, 2, 3, 10, 99])
+async def test_a_member_sent_under_a_wrong_seq_is_stored_under_its_own(daemon: Daemon, backends: Backends,
+                                                                       namespace: str, guess: int) -> None:
+    """The daemon reads the session's seq just before a large call; another emit may come first, and an id
+    stored before takes no new seq. Each member whose seq was guessed wrong is rebuilt from its body."""
+    async with rpc(daemon.port, token("alice", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        for n in (1, 2):
+            await a.call("event.emit", {"sessionId": sid, "event": {"type": "note", "id": f"e{n}"}})
+        events = [EventIn.model_validate({"type": "note", "id": f"e{n}", "data": {"n": n}}) for n in (3, 1, 4, 2, 5)]
+        skeys, channel, session_json = route(namespace, sid)
+        stamp = iso(now_ms())
+        bodies = [event_body(event, "alice", session_json, stamp) for event in events]
+        head: list[str | int] = [now_ms(), "alice", channel, session_json, 1000]
+        flat = await FunctionStore(backends.redis).call("ms_emit", skeys, *head, *emit_args(events, bodies, guess))
+        assert [int(value) for value in flat] == [3, 0, 1, 1, 4, 0, 2, 1, 5, 0]
+        got = await a.call("session.get", {"sessionId": sid})
+    assert [(event["seq"], event["id"]) for event in got["events"]] == [(n, f"e{n}") for n in range(1, 6)]
+    assert [event["data"] for event in got["events"][2:]] == [{"n": 3}, {"n": 4}, {"n": 5}]

@@ -120,11 +120,11 @@ end
 -- mc_fence_sync before the emit) is refused: FULL stale_lease, and nothing is written. The marks are
 -- `!fence:<entityId>` fields of the ids hash (event ids never start with '!'). Events without the token
 -- cost one plain string search, and none when the caller says that no event carries one.
-local function stale_fence(keys, args, first, last)
+local function stale_fence(keys, args, first, last, whole)
   for i = first, last, 3 do
     local body = args[i + 2]
     if string.find(body, '"fencingToken":', 1, true) then
-      local event = cjson.decode('{' .. body)
+      local event = cjson.decode(whole and body or '{' .. body)
       local token, info = tonumber(event.fencingToken), event.changeInfo
       if token and type(info) == 'table' and type(info.entityIds) == 'table' then
         for _, entity in ipairs(info.entityIds) do
@@ -140,18 +140,34 @@ local function stale_fence(keys, args, first, last)
 end
 
 -- ARGV: now_ms, actor, channel, sid_json, max_events, then (id, new_state, body) per event; body is the
--- event's JSON without its opening brace, so the stored member is exactly '{"seq":N,' .. body. A last
--- argument 'unfenced' after the events says that no event carries a fencingToken: their bodies (700 KB
--- for a batch of 76,800 ids) are then not searched for one. Without it, every body is.
+-- event's JSON without its opening brace, so the stored member is exactly '{"seq":N,' .. body. Then, in any
+-- order, optional last arguments:
+-- - 'unfenced': no event carries a fencingToken, so the bodies (700 KB for a batch of 76,800 ids) are not
+--   searched for one. Without it, every body is.
+-- - 'from:<seq>': each event's third argument is its whole member already, '{"seq":N,' .. body, with N the
+--   seq it gets if the session's seq is <seq> and every event is stored (N = seq + its place in the
+--   batch, from 1). Such a member is stored as given: building 300 members of a large batch here copies
+--   and hashes its 700 KB once more (about 1.5 ms of this one thread). A member whose guess was wrong
+--   (another emit came first, or an id was stored before) is rebuilt from its body.
 -- A batch that would take the session past max_events stored events writes nothing (FULL). However many
 -- events it holds, a batch is one ZADD, one HSET of its ids and one of the session (fewer commands and
 -- fewer copies in the AOF); only the frames go out one per event, in order.
+local function options(args, first)
+  local last, unfenced, from = #args, false, nil
+  for _ = 1, (#args - first + 1) % 3 do
+    local option = args[last]
+    if option == 'unfenced' then unfenced = true end
+    if string.sub(option, 1, 5) == 'from:' then from = tonumber(string.sub(option, 6)) end
+    last = last - 1
+  end
+  return last, unfenced, from
+end
+
 local function emit(keys, args)
   -- KEYS: session hash, events zset, agents set, ids hash
   local now_ms, actor, channel, sid_json, max_events = args[1], args[2], args[3], args[4], args[5]
-  local first, last = 6, #args  -- the first event's id; (id, new_state, body) from there to last
-  local unfenced = (last - first) % 3 == 0 and args[last] == 'unfenced'
-  if unfenced then last = last - 1 end
+  local first = 6  -- the first event's id; (id, new_state, body) from there to last
+  local last, unfenced, from = options(args, first)
   local live = live_session(keys)
   if live.err then return live end
   local known = known_ids(keys, args, first, last)
@@ -162,7 +178,7 @@ local function emit(keys, args)
                              max_events .. ' (MEMENTO_SESSION_MAX_EVENTS)')
   end
   if not unfenced then
-    local stale = stale_fence(keys, args, first, last)
+    local stale = stale_fence(keys, args, first, last, from ~= nil)
     if stale then return stale end
   end
   local seq, state, out, members, ids = live[4], nil, {}, {}, {}
@@ -178,7 +194,12 @@ local function emit(keys, args)
         known[id] = seq
         table.insert(ids, id); table.insert(ids, seq)
       end
-      local member = '{"seq":' .. seq .. ',' .. args[i + 2]
+      local member = args[i + 2]
+      if not from then
+        member = '{"seq":' .. seq .. ',' .. member
+      elseif from + (i - first) / 3 + 1 ~= seq then
+        member = '{"seq":' .. seq .. ',' .. string.sub(member, #tostring(from + (i - first) / 3 + 1) + 9)
+      end
       table.insert(members, seq); table.insert(members, member)
       if publish then publish_event(channel, sid_json, live[3], seq, member) end
       table.insert(out, seq); table.insert(out, 0)

@@ -19,7 +19,7 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity, issue_token
 from memento_sessions.backends import Backends, open_backends
 from memento_sessions.redisio.pipe import Pipe
-from memento_sessions.sessions.manager import SessionManager, event_body, fence_flag, iso, now_ms
+from memento_sessions.sessions.manager import SessionManager, emit_args, event_body, iso, now_ms
 from memento_sessions.sessions.models import EventIn
 from memento_sessions.settings import Settings, load_settings
 
@@ -293,9 +293,7 @@ def floor_args(env: Env, sid: str, count: int = 1) -> tuple[list[str], list[str 
     stamp = iso(now_ms())
     args: list[str | int] = [now_ms(), "bench", keys.session_channel(env.namespace, sid), json.dumps(sid),
                              env.manager().settings.session_max_events]
-    for _ in range(count):
-        args += ["", event.new_state(), event_body(event, "bench", json.dumps(sid), stamp)]
-    args += fence_flag([event])
+    args += emit_args([event] * count, [event_body(event, "bench", json.dumps(sid), stamp)] * count)
     return keys.session_keys(env.namespace, sid).all(), args
 
 

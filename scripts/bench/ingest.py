@@ -28,7 +28,7 @@ from bench.daemons import cpu_seconds
 from bench.harness import Env, Figure, Target, new_session, pct
 from memento_sessions import keys
 from memento_sessions.ingest import convert_lines
-from memento_sessions.sessions.manager import event_body, fence_flag, iso, now_ms
+from memento_sessions.sessions.manager import WHOLE_FROM, emit_args, event_body, iso, now_ms
 from memento_sessions.sessions.models import EventIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,13 +90,12 @@ async def bare_batches(env: Env, events: list[dict[str, Any]]) -> float:
     models = [EventIn.model_validate(event) for event in events]
     head: list[str | int] = [now_ms(), "bench", keys.session_channel(env.namespace, sid), session_json,
                              manager.settings.session_max_events]
-    calls = []
+    calls, seq = [], 0
     for first in range(0, len(models), BATCH):
-        args = list(head)
-        for event in models[first:first + BATCH]:
-            args += [event.id or "", event.new_state(), event_body(event, "bench", session_json, stamp)]
-        args += fence_flag(models[first:first + BATCH])
-        calls.append(args)
+        batch = models[first:first + BATCH]
+        bodies = [event_body(event, "bench", session_json, stamp) for event in batch]
+        calls.append([*head, *emit_args(batch, bodies, seq if sum(map(len, bodies)) >= WHOLE_FROM else None)])
+        seq += len(batch)  # as the daemon reads it before such a call
     fkeys = keys.session_keys(env.namespace, sid).all()
     start = time.perf_counter()
     for args in calls:
