@@ -7,10 +7,12 @@ which make_settings reads.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import REGISTRY
 
 from memento_sessions.auth import issue_token
+from memento_sessions.backends import Backends, is_cluster_client
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.settings import Settings, load_settings
 
@@ -55,3 +57,13 @@ def use_containers(redis_url: str | None, postgres_dsn: str | None, docker: bool
 def sample(name: str, labels: dict[str, str] | None = None) -> float:
     """A metric's current value from the Prometheus registry (0 before its first count)."""
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def command_calls(backends: Backends, *commands: str) -> int:
+    """Calls of the commands Redis has run (INFO commandstats: those of Functions count), over every primary."""
+    def of(stats: Any) -> int:
+        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in commands)
+    if not is_cluster_client(backends.redis):
+        return of(await backends.redis.info("commandstats"))
+    info: Any = await backends.redis.info("commandstats", target_nodes="primaries")
+    return sum(of(node) for node in info.values())

@@ -14,14 +14,14 @@ from typing import Any
 import anyio
 import pytest
 
-from memento_sessions.backends import Backends, is_cluster_client
+from memento_sessions.backends import Backends
 from memento_sessions.rpc import PART, Request, let_go_of, validate
 from memento_sessions.server.daemon import Daemon
 from memento_sessions.sessions.functions import FunctionStore
 from memento_sessions.sessions.manager import WHOLE_FROM, emit_args, event_body, iso, now_ms, route
 from memento_sessions.sessions.methods import EmitBatchParams
 from memento_sessions.sessions.models import EventIn
-from tests.helpers import token
+from tests.helpers import command_calls, token
 from tests.rpcsocket import rpc
 from tests.test_subscriptions import events_until
 
@@ -80,30 +80,20 @@ async def test_a_control_character_in_the_last_id_refuses_the_whole_batch(daemon
         assert stored["seqs"] == list(range(1, EVENTS + 1))
 
 
-async def publishes(backends: Backends) -> int:
-    """PUBLISH and SPUBLISH calls Redis has run (INFO commandstats: those of Functions count), over every primary."""
-    def of(stats: Any) -> int:
-        return sum(int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("publish", "spublish"))
-    if not is_cluster_client(backends.redis):
-        return of(await backends.redis.info("commandstats"))
-    info: Any = await backends.redis.info("commandstats", target_nodes="primaries")
-    return sum(of(node) for node in info.values())
-
-
 async def test_a_batch_nobody_subscribes_to_publishes_no_frames_and_a_later_subscriber_misses_nothing(
         daemon: Daemon, backends: Backends, namespace: str) -> None:
     async with rpc(daemon.port, token("alice", namespace)) as a, rpc(daemon.port, token("bob", namespace)) as b:
         sid = (await a.call("session.create", {}))["sessionId"]
-        before = await publishes(backends)
+        before = await command_calls(backends, "publish", "spublish")
         assert (await a.call("event.emitBatch", {"sessionId": sid, "events": batch()}))["seqs"][-1] == EVENTS
         # One frame per event was published before, to nobody; the daemon's other traffic publishes a few.
-        assert await publishes(backends) - before < EVENTS // 10
+        assert await command_calls(backends, "publish", "spublish") - before < EVENTS // 10
         await b.call("session.subscribe", {"sessionId": sid, "since": 0})
         assert await events_until(b, EVENTS) == list(range(1, EVENTS + 1)), "the stored events, replayed"
-        before = await publishes(backends)
+        before = await command_calls(backends, "publish", "spublish")
         await a.call("event.emitBatch", {"sessionId": sid, "events": batch()})
         assert await events_until(b, 2 * EVENTS) == list(range(EVENTS + 1, 2 * EVENTS + 1)), "then live frames"
-        assert await publishes(backends) - before >= EVENTS
+        assert await command_calls(backends, "publish", "spublish") - before >= EVENTS
 
 
 async def test_a_stale_fencing_token_on_one_event_of_a_large_batch_refuses_all_of_it(daemon: Daemon,

@@ -11,11 +11,11 @@ import pytest
 import redis.asyncio as aioredis
 
 from memento_sessions import keys
-from memento_sessions.backends import falkordb_client
+from memento_sessions.backends import Backends, falkordb_client
 from memento_sessions.embedded.postgres import EmbeddedPostgres
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.server.daemon import Daemon, running
-from tests.helpers import falkordb_url, make_settings, sample, token
+from tests.helpers import command_calls, falkordb_url, make_settings, sample, token
 from tests.rpcsocket import rpc
 from tests.test_fairness import loop_gaps
 
@@ -224,3 +224,37 @@ async def test_a_checkpoint_of_a_huge_window_lets_other_work_run(backend_urls: E
     assert result["entityIds"] == sorted(f"n{i:03d}.{j:03d}" for i in range(8) for j in range(256))
     assert result["entitiesSkipped"] == 128_000 - 2048
     assert max(gaps) < 0.05, f"the event loop waited {max(gaps) * 1000:.0f} ms on the checkpoint"
+
+
+async def test_a_checkpoint_reads_its_window_a_page_at_a_time(backend_urls: Endpoints, backends: Backends,
+                                                              tmp_path: Path, namespace: str) -> None:
+    """A window can hold a session's every event (300 MB at the largest event size): the daemon reads it
+    MEMENTO_SUSPEND_CHUNK_BYTES at that size a read (one event at the smallest setting), with the same result
+    as one read of it all."""
+    settings = make_settings(backend_urls, tmp_path, checkpoint_every=100_000, suspend_chunk_bytes=64 * 1024)
+    async with running(settings) as daemon, rpc(daemon.port, token("alice", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("event.emitBatch", {"sessionId": sid, "events": [
+            {"type": "modified", "changeInfo": {"entityIds": [f"fn:{i:02d}", "fn:all"]}, "impact": {"severity": "low"}}
+            for i in range(30)]})
+        await a.call("event.emit", {"sessionId": sid, "event": {"type": "test_pass"}})
+        before = await command_calls(backends, "zrangebyscore")
+        result = await a.call("session.checkpoint", {"sessionId": sid})
+        reads = await command_calls(backends, "zrangebyscore") - before
+    assert result["entityIds"] == sorted([f"fn:{i:02d}" for i in range(30)] + ["fn:all"])
+    assert result["outcome"] == "working" and result["actors"] == ["alice"] and "entitiesSkipped" not in result
+    assert reads >= 31, f"the window of 31 events read in {reads} reads"
+
+
+async def test_a_broken_window_larger_than_a_page_keeps_every_event_in_its_snapshot(
+        backend_urls: Endpoints, tmp_path: Path, namespace: str) -> None:
+    """Its snapshot stores every event of it: that window is read whole with the view, in one read."""
+    settings = make_settings(backend_urls, tmp_path, checkpoint_every=100_000, suspend_chunk_bytes=64 * 1024)
+    async with running(settings) as daemon, rpc(daemon.port, token("alice", namespace)) as a:
+        sid = (await a.call("session.create", {}))["sessionId"]
+        await a.call("event.emitBatch", {"sessionId": sid, "events": [
+            *({"type": "modified", "data": {"i": i}} for i in range(6)),
+            {"type": "broke", "changeInfo": {"entityIds": ["fn:x"]}}]})
+        result = await a.call("session.checkpoint", {"sessionId": sid, "final": True})
+    assert result["outcome"] == "broken" and result["entityIds"] == ["fn:x"]
+    assert await snapshot_rows(backend_urls.postgres_dsn or "", sid) == [(result["checkpointId"], 7)]

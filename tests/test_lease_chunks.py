@@ -22,12 +22,12 @@ import pytest
 
 from memento_sessions import keys
 from memento_sessions.auth import Identity
-from memento_sessions.backends import Backends, is_cluster_client
+from memento_sessions.backends import Backends
 from memento_sessions.coordination.leases import Leases
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
 from memento_sessions.errors import Conflict, NotFound
-from tests.helpers import make_settings
+from tests.helpers import command_calls, make_settings
 
 pytestmark = pytest.mark.anyio
 ENTITIES = [f"e{i:04d}" for i in range(4096)]  # sorted as numbered: e4000 is in the last part
@@ -64,14 +64,6 @@ def counting(leases: Leases) -> CountingStore:
     return leases.store
 
 
-async def fcalls(backends: Backends) -> int:
-    """FCALLs Redis has run (INFO commandstats), summed over every node of a cluster."""
-    if not is_cluster_client(backends.redis):
-        return int((await backends.redis.info("commandstats")).get("cmdstat_fcall", {}).get("calls", 0))
-    info: Any = await backends.redis.info("commandstats", target_nodes="primaries")
-    return sum(int(node.get("cmdstat_fcall", {}).get("calls", 0)) for node in info.values())
-
-
 async def nothing_held(backends: Backends, namespace: str) -> None:
     """No lease, hold, count, part or pending grant is left in the namespace."""
     lkeys = keys.lease_keys(namespace)
@@ -87,9 +79,10 @@ async def test_a_4096_entity_acquire_renew_and_release_go_in_bounded_calls(
     names more than MEMENTO_LEASE_CALL_ENTITIES (256) entities: 16 parts, their fences, one commit."""
     async with direct(backends, backend_urls, tmp_path) as leases:
         store, a = counting(leases), who("a", namespace)
-        before = await fcalls(backends)
+        before = await command_calls(backends, "fcall")
         lease = await leases.acquire(a, ENTITIES, 60, "exclusive")
-        assert lease["granted"] is True and await fcalls(backends) - before == sum(store.calls.values())
+        assert lease["granted"] is True
+        assert await command_calls(backends, "fcall") - before == sum(store.calls.values())
         assert store.calls == {"mc_place": 16, "mc_fence": 16, "mc_commit": 1}
         assert store.widest <= 13 + 2 * 256  # mc_place's 13 ARGVs, then its part's 256 (entity, via) pairs
         assert (await leases.listed(namespace, agent_id="a"))["leases"][0]["fencingToken"] == lease["fencingToken"]

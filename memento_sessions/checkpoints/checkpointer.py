@@ -13,7 +13,7 @@ epoch; it is written to Redis before its anchor names it and stays there until P
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
@@ -45,6 +45,7 @@ from memento_sessions.metrics import (
 from memento_sessions.retry import retry
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.manager import SessionManager, now_ms
+from memento_sessions.sessions.paging import per_read, redis_events, seq_of
 from memento_sessions.settings import Settings
 
 log = get_logger(__name__)
@@ -182,10 +183,17 @@ class Checkpointer:
         last = session["lastCheckpoint"] or {}
         if session["state"] == "completed" or (not final and last.get("seq") == session["seq"]):
             return {**last.get("result", {}), "checkpointId": last.get("id")}
-        # One read for the view and the window, so the window ends exactly at the view's seq.
-        session, members = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
+        # The view and the window's first page in one read, then the rest a page at a time up to the view's
+        # seq, so the window ends exactly there and no read holds more than a chunk of it.
+        count = per_read(self.settings.suspend_chunk_bytes)
+        session, first = await self.manager.read(namespace, session_id, int(last.get("seq", 0)), count)
         snapshots = session["state"] == "broken" and self.backends.postgres.enabled  # the outcome is the state
-        events, summary = await self._summarise(namespace, members, session["state"], keep=snapshots)
+        if snapshots and len(first) == count:
+            # A broken window's snapshot stores every event of it: read whole with the view, as one read, so a
+            # compaction running meanwhile cannot take a page of it away.
+            session, first = await self.manager.read(namespace, session_id, int(last.get("seq", 0)))
+        pages = self._window(keys.session_keys(namespace, session_id), int(session["seq"]), first, count)
+        events, summary = await self._summarise(namespace, pages, session["state"], keep=snapshots)
         CHECKPOINT_ENTITIES_SKIPPED.inc(summary.entities_skipped)
         cp_id = checkpoint_id(namespace, session["epoch"], session_id, session["seq"], final)
         result = {"checkpointId": cp_id, **_wire(summary)}
@@ -205,20 +213,31 @@ class Checkpointer:
                  ms=round((time.perf_counter() - started) * 1000, 2))
         return result
 
-    async def _summarise(self, namespace: str, members: list[str], state: str,
+    async def _window(self, skeys: keys.SessionKeys, upto: int, first: list[str],
+                      count: int) -> AsyncIterator[list[str]]:
+        """The window's raw events a page at a time: `first` (read with the view), then pages of `count` up to
+        seq `upto`. A window can hold a session's every event (a tenant's checkpoints paced behind its batches,
+        a large MEMENTO_CHECKPOINT_EVERY), 300 MB of them at the largest event size."""
+        yield first
+        if len(first) == count:
+            async for page in redis_events(self.backends.redis, skeys, seq_of(first[-1]), upto, count):
+                yield page
+
+    async def _summarise(self, namespace: str, pages: AsyncIterator[list[str]], state: str,
                          keep: bool) -> tuple[list[dict[str, Any]], Summary]:
         """The window's events decoded and summarised a part at a time (at most DECODE_PART events, so at
         most 1,024 ids: well under a millisecond), with a turn for the daemon's other work between parts: a
         window of 100,000 new ids never holds the event loop for longer than one part takes, and the ids are let
         go of in parts too (limits.let_go). The decoded events are returned with `keep` (a broken window's
-        snapshot stores them); otherwise the list is empty. The parts of one namespace go at
-        most MEMENTO_BATCH_IDS_PACE ids a second (limits.py)."""
+        snapshot stores them); otherwise the list is empty, and the daemon holds one page of the window at a
+        time. The parts of one namespace go at most MEMENTO_BATCH_IDS_PACE ids a second (limits.py)."""
         tally, events = Tally(self.settings.checkpoint_max_entities), []
-        for start in range(0, len(members), DECODE_PART):
-            part = [decode(member) for member in members[start:start + DECODE_PART]]
-            if keep:
-                events += part
-            await self.pacer.take(namespace, tally.add(part))
+        async for members in pages:
+            for start in range(0, len(members), DECODE_PART):
+                part = [decode(member) for member in members[start:start + DECODE_PART]]
+                if keep:
+                    events += part
+                await self.pacer.take(namespace, tally.add(part))
         summary = tally.summary(state)
         await let_go(tally.seen)
         return events, summary

@@ -19,10 +19,11 @@ from memento_sessions.auth import Identity
 from memento_sessions.errors import Conflict, InvalidParams, NotFound, Reason
 from memento_sessions.lifecycle.moves import Lifecycle, frames
 from memento_sessions.lifecycle.postgres import Suspended
-from memento_sessions.lifecycle.streams import per_read, redis_events, redis_ids
+from memento_sessions.lifecycle.streams import redis_ids
 from memento_sessions.metrics import LIFECYCLE
 from memento_sessions.sessions.condense import state_after
 from memento_sessions.sessions.manager import iso, now_ms
+from memento_sessions.sessions.paging import per_read, redis_events
 from memento_sessions.sessions.snapshots import SNAPSHOT_PREFIX
 
 

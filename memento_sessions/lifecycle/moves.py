@@ -29,12 +29,13 @@ from redis.exceptions import ResponseError
 from memento_sessions import keys
 from memento_sessions.errors import Conflict, NotFound, Reason
 from memento_sessions.lifecycle.postgres import LIVE_STATUSES, Suspended, SuspendedStore
-from memento_sessions.lifecycle.streams import Stager, head, per_read, redis_events, redis_ids
+from memento_sessions.lifecycle.streams import Stager, head, redis_ids
 from memento_sessions.limits import Pacer
 from memento_sessions.metrics import LIFECYCLE, PACED_SECONDS
 from memento_sessions.rpc import encode_notification
 from memento_sessions.sessions.condense import Condenser
 from memento_sessions.sessions.manager import SessionManager, now_ms
+from memento_sessions.sessions.paging import per_read, redis_events
 from memento_sessions.usage.query import session_totals
 
 Head = tuple[dict[str, str], list[str], list[int]]  # a session's hash, agents and snapshot seqs

@@ -24,15 +24,9 @@ from redis.exceptions import ResponseError
 from memento_sessions.errors import Conflict, Reason
 from memento_sessions.keys import SessionKeys
 from memento_sessions.sessions.functions import FunctionStore
-from memento_sessions.sessions.models import MAX_EVENT_BYTES
 from memento_sessions.sessions.paging import seq_of
 
 SNAPSHOT_FIELDS = "~snap"  # the prefix of the ids-hash fields that are snapshots (and their list)
-
-
-def per_read(chunk_bytes: int) -> int:
-    """Events read from Redis per round trip: as many as fit a chunk at the largest event size."""
-    return max(1, chunk_bytes // MAX_EVENT_BYTES)
 
 
 def parts(items: list[Any], size: Callable[[Any], int], most: int) -> Iterator[list[Any]]:
@@ -71,20 +65,6 @@ async def head(redis: aioredis.Redis, skeys: SessionKeys) -> tuple[dict[str, str
         pipe.hget(skeys.ids, "~snaps")
         fields, agents, snaps = await pipe.execute()
     return fields, sorted(agents), [int(s) for s in (snaps or "").split()]
-
-
-async def redis_events(redis: aioredis.Redis, skeys: SessionKeys, after: int, upto: int | None,
-                       count: int) -> AsyncIterator[list[str]]:
-    """The session's stored events with `after` < seq (<= `upto`), `count` per round trip."""
-    top = "+inf" if upto is None else str(upto)
-    while True:
-        members: list[Any] = await redis.zrangebyscore(skeys.events, f"({after}", top, start=0, num=count)
-        if not members:
-            return
-        yield members
-        after = seq_of(members[-1])
-        if len(members) < count:
-            return
 
 
 async def redis_ids(redis: aioredis.Redis, skeys: SessionKeys, count: int) -> AsyncIterator[list[tuple[str, str]]]:

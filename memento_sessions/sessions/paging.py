@@ -6,12 +6,16 @@ hold the event loop; so every list a client can ask for is cut into pages it fet
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pydantic_core
+import redis.asyncio as aioredis
 
+from memento_sessions.keys import SessionKeys
 from memento_sessions.sessions.frames import MEMBER_HEAD, member_seq
+from memento_sessions.sessions.models import MAX_EVENT_BYTES
 
 PAGE = 1000  # items in a reply when the client gives no limit
 CHUNK = 200  # events read from Redis per round trip while filling a page
@@ -66,3 +70,22 @@ def seq_of(member: str | bytes) -> int:
     if text.startswith(MEMBER_HEAD):
         return member_seq(text)
     return int(pydantic_core.from_json(text)["seq"])
+
+
+def per_read(chunk_bytes: int) -> int:
+    """Events read from Redis per round trip: as many as fit a chunk at the largest event size."""
+    return max(1, chunk_bytes // MAX_EVENT_BYTES)
+
+
+async def redis_events(redis: aioredis.Redis, skeys: SessionKeys, after: int, upto: int | None,
+                       count: int) -> AsyncIterator[list[str]]:
+    """The session's stored events with `after` < seq (<= `upto`), `count` per round trip."""
+    top = "+inf" if upto is None else str(upto)
+    while True:
+        members: list[Any] = await redis.zrangebyscore(skeys.events, f"({after}", top, start=0, num=count)
+        if not members:
+            return
+        yield members
+        after = seq_of(members[-1])
+        if len(members) < count:
+            return
