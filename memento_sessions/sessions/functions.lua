@@ -146,8 +146,8 @@ end
 --   searched for one. Without it, every body is.
 -- - 'from:<seq>': each event's third argument is its whole member already, '{"seq":N,' .. body, with N the
 --   seq it gets if the session's seq is <seq> and every event is stored (N = seq + its place in the
---   batch, from 1). Such a member is stored as given: building 300 members of a large batch here copies
---   and hashes its 700 KB once more (about 1.5 ms of this one thread). A member whose guess was wrong
+--   batch, from 1). Such a member is stored as given: building 300 members of a large batch here made
+--   700 KB of new Lua strings (about 1.5 ms of this one thread). A member whose guess was wrong
 --   (another emit came first, or an id was stored before) is rebuilt from its body.
 -- A batch that would take the session past max_events stored events writes nothing (FULL). However many
 -- events it holds, a batch is one ZADD, one HSET of its ids and one of the session (fewer commands and
