@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
-from memento_sessions.checkpoints.aggregate import Summary, Tally, aggregate, smallest
+from memento_sessions.checkpoints.aggregate import REMEMBERED_PER_KEPT, Summary, Tally, aggregate, smallest
 
 
 def event(seq: int, type_: str = "modified", actor: str = "agent-a", entities: list[str] | None = None,
@@ -109,17 +110,43 @@ def random_window(rng: random.Random, size: int) -> list[dict[str, Any]]:
 
 
 def test_selected_ids_are_the_sorted_ones_on_random_windows() -> None:
-    """Selecting the first `cap` ids (with parts added one after the other) gives the summary sorting all gave."""
+    """Selecting the first `cap` ids (with parts added one after the other) gives the summary sorting all gave;
+    the count of the rest is exact while the tally remembers every distinct id, an upper bound past that."""
     rng = random.Random(28)
     for round_ in range(60):
         window = random_window(rng, rng.randrange(1, 120))
         cap = rng.choice([1, 7, 50, 300, 5000])
         expected = sorted_summary(window, "working", cap)
-        assert aggregate(window, "working", cap) == expected, round_
-        tally = Tally(cap)
-        for start in range(0, len(window), 9):
-            tally.add(window[start:start + 9])
-        assert tally.summary("working") == expected, round_
+        distinct = expected.entities_skipped + len(expected.entity_ids)
+        for summary, seen in [(aggregate(window, "working", cap), 0), parted(window, cap)]:
+            if distinct <= cap * REMEMBERED_PER_KEPT:
+                assert summary == expected, round_
+            else:
+                assert summary.entities_skipped >= expected.entities_skipped, round_
+                assert replace(summary, entities_skipped=expected.entities_skipped) == expected, round_
+                assert seen <= cap * REMEMBERED_PER_KEPT + cap, round_
+
+
+def parted(window: list[dict[str, Any]], cap: int) -> tuple[Summary, int]:
+    """The window's summary from parts of 9 events, and how many ids its tally remembered."""
+    tally = Tally(cap)
+    for start in range(0, len(window), 9):
+        tally.add(window[start:start + 9])
+    return tally.summary("working"), len(tally.seen)
+
+
+def test_a_window_naming_more_ids_than_a_tally_remembers_keeps_the_smallest_and_counts_the_rest() -> None:
+    """1,000 distinct ids named again and again, in shuffled parts, against a cap of 4 (256 remembered)."""
+    rng = random.Random(7)
+    ids = [f"id{n:04d}" for n in range(1000)]
+    tally = Tally(4)
+    for seq in range(1, 200):
+        tally.add([event(seq, entities=rng.sample(ids, 40))])
+    summary = tally.summary("working")
+    named = {entity for entity in ids if entity in tally.seen} | set(summary.entity_ids)
+    assert summary.entity_ids == tuple(sorted(named)[:4])
+    assert len(tally.seen) <= 4 * REMEMBERED_PER_KEPT + 4
+    assert summary.entities_skipped >= len(named) - 4
 
 
 def test_smallest_is_the_head_of_the_sorted_ids() -> None:

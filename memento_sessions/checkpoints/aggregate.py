@@ -17,6 +17,7 @@ from typing import Any
 
 KEY_SEVERITIES = frozenset({"high", "critical"})
 SELECT_BATCH = 8192  # ids compared against the kept ones' largest per step of `smallest`
+REMEMBERED_PER_KEPT = 64  # distinct ids a window's tally remembers per id it may keep (131,072 at the default cap)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,12 +55,17 @@ def aggregate(events: list[dict[str, Any]], state: str, max_entities: int | None
 
 class Tally:
     """A window's summary built a part at a time (`add` each part in seq order, then `summary`), the same as
-    `aggregate` of the whole: a caller can let others run between the parts of a large window. Beyond the
-    window's distinct ids (counted), what it holds is bounded by `max_entities`."""
+    `aggregate` of the whole: a caller can let others run between the parts of a large window. What it holds
+    is bounded by `max_entities`: the ids it keeps, and at most REMEMBERED_PER_KEPT times as many distinct
+    ids it has seen (a window may name a session's every id, 1.28 million of them). Past that many, an id
+    that is neither remembered nor kept is counted each time a part names it anew, so `entities_skipped` is
+    exact up to that many distinct ids and an upper bound beyond; which ids are remembered depends only on
+    the window, so every daemon counts the same."""
 
     def __init__(self, max_entities: int | None = None) -> None:
         self.cap = max_entities
         self.seen: set[str] = set()
+        self.forgotten = 0  # ids counted but not remembered, past the bound
         self.kept: list[str] = []
         self.impacts: dict[str, None] = {}
         self.actors: set[str] = set()
@@ -85,8 +91,17 @@ class Tally:
             named += len(ids)
             new.update(ids)
         new -= self.seen
-        self.seen |= new
+        if self.forgotten:
+            new.difference_update(self.kept)  # a kept id not remembered is still never counted twice
         self.kept = [*self.kept, *new] if self.cap is None else smallest([*self.kept, *new], self.cap)
+        room = len(new) if self.cap is None else self.cap * REMEMBERED_PER_KEPT - len(self.seen)
+        if len(new) > room:
+            # The smallest of the part's new ids while there is room. One that did not make the kept ids
+            # never will (they only get smaller), so forgetting it can only count it again.
+            remembered = set(sorted(new)[:max(room, 0)])
+            self.forgotten += len(new) - len(remembered)
+            new = remembered
+        self.seen |= new
         return named
 
     def summary(self, state: str) -> Summary:
@@ -100,7 +115,7 @@ class Tally:
             entity_ids=tuple(sorted(self.kept)),
             from_seq=self.seqs[0] if self.seqs else 0,
             to_seq=self.seqs[1] if self.seqs else 0,
-            entities_skipped=len(self.seen) - len(self.kept),
+            entities_skipped=len(self.seen) + self.forgotten - len(self.kept),
         )
 
 
