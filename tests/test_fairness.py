@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pydantic_core
 import pytest
 import redis.asyncio as aioredis
 
@@ -27,6 +26,7 @@ from memento_sessions.sessions.janitor import lifecycle_candidates, sweep_namesp
 from memento_sessions.sessions.methods import EmitBatchParams
 from tests.helpers import make_settings, sample, token
 from tests.rpcsocket import rpc
+from tests.test_frame_parts import counted_parses
 
 pytestmark = pytest.mark.anyio
 EVENTS, IDS = 400, 256  # 102,400 ids in a frame of about 900 KB
@@ -121,14 +121,7 @@ async def test_params_validated_in_parts_are_the_same_as_in_one_go(params: Calla
 
 
 async def test_a_large_frame_is_parsed_a_part_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    parsed: list[int] = []
-    from_json = pydantic_core.from_json
-
-    def counted(data: str | bytes, **options: Any) -> Any:
-        parsed.append(len(data))
-        return from_json(data, **options)
-
-    monkeypatch.setattr(pydantic_core, "from_json", counted)
+    parsed = counted_parses(monkeypatch)
     call = Call(Identity("alice", "ns", frozenset({"sessions:write"})))
     events = batch("s")
     frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "event.emitBatch",

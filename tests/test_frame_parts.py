@@ -61,6 +61,19 @@ def frame(rng: random.Random) -> str:
                       separators=(",", ":"), ensure_ascii=rng.random() < 0.5)
 
 
+def counted_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length of each text pydantic-core parses from now on, in order."""
+    parsed: list[int] = []
+    from_json = pydantic_core.from_json
+
+    def counted(data: str | bytes, **options: Any) -> Any:
+        parsed.append(len(data))
+        return from_json(data, **options)
+
+    monkeypatch.setattr(pydantic_core, "from_json", counted)
+    return parsed
+
+
 def outcome(parser: Any, data: str | bytes) -> tuple[Any, ...]:
     try:
         return ("value", parser(data))
@@ -84,14 +97,7 @@ async def test_a_frame_parsed_in_parts_is_the_frame_parsed_at_once(seed: int,
     assert len(data) >= LARGE_FRAME
     whole = outcome(parse, data)
     assert whole[0] == "value"
-    parsed: list[int] = []
-    from_json = pydantic_core.from_json
-
-    def counted(data: str | bytes, **options: Any) -> Any:
-        parsed.append(len(data))
-        return from_json(data, **options)
-
-    monkeypatch.setattr(pydantic_core, "from_json", counted)
+    parsed = counted_parses(monkeypatch)
     assert ("value", await parse_in_parts(data)) == whole
     if '},{"type":' not in json.dumps(whole[1]["params"]["events"][1:-1], separators=(",", ":")):
         assert max(parsed) < len(data)  # no trap inside an element: every cut parsed, the frame never whole
