@@ -142,3 +142,13 @@ async def test_a_binary_frame_and_a_frame_with_no_list_are_parsed_at_once() -> N
     for given in (data, data.encode()):
         whole, parts = await both(given)
         assert whole[0] == "value" and parts == whole
+
+
+async def test_a_lone_surrogate_is_a_parse_error_whole_or_in_parts() -> None:
+    """A `str` frame from a transport that did not decode UTF-8 itself: -32700, not an internal error."""
+    events = json.dumps([{"type": "a", "n": n} for n in range(6_000)], separators=(",", ":"))
+    for where in (0, len(events) // 2):
+        broken = events[:where + 1] + '{"type":"\ud800"},' + events[where + 1:]
+        data = f'{{"jsonrpc":"2.0","id":1,"method":"event.emitBatch","params":{{"events":{broken}}}}}'
+        whole, parts = await both(data)
+        assert whole == parts == ("error", {"code": -32700, "message": "parse error: frame is not valid JSON"})
