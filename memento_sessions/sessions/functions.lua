@@ -194,11 +194,11 @@ local function emit(keys, args)
         known[id] = seq
         table.insert(ids, id); table.insert(ids, seq)
       end
-      local member = args[i + 2]
+      local member, guessed = args[i + 2], from and from + (i - first) / 3 + 1
       if not from then
         member = '{"seq":' .. seq .. ',' .. member
-      elseif from + (i - first) / 3 + 1 ~= seq then
-        member = '{"seq":' .. seq .. ',' .. string.sub(member, #tostring(from + (i - first) / 3 + 1) + 9)
+      elseif guessed ~= seq then  -- '{"seq":' .. guessed .. ',' is cut off and the real seq put in front
+        member = '{"seq":' .. seq .. ',' .. string.sub(member, #tostring(guessed) + 9)
       end
       table.insert(members, seq); table.insert(members, member)
       if publish then publish_event(channel, sid_json, live[3], seq, member) end

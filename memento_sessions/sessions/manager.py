@@ -107,8 +107,14 @@ def emit_args(events: Sequence[EventIn], bodies: Sequence[str], seq: int | None 
     return args
 
 
+def sends_whole(bodies: Sequence[str]) -> bool:
+    """Whether a call of these bodies goes to ms_emit as whole members (`emit_args` with the session's seq)."""
+    return sum(map(len, bodies)) >= WHOLE_FROM
+
+
 def event_body(event: EventIn, actor: str, session_json: str, now: str) -> str:
-    """The stored event's JSON without its opening brace; the Function splices `{"seq":N,` in front.
+    """The stored event's JSON without its opening brace; `{"seq":N,` goes in front (the Function splices it,
+    or `emit_args` for a call sent whole).
 
     Its keys: type, actor, sessionId (`session_json`, already a JSON string), the event's other fields
     in model order, and the server's `timestamp` last when the client sent none. The type is quoted as it
@@ -370,7 +376,7 @@ class SessionManager:
                 await anyio.lowlevel.checkpoint()  # a turn for other clients within a large batch
             bodies.append(event_body(event, who.agent_id, session_json, stamp))
         seq = None
-        if sum(map(len, bodies)) >= WHOLE_FROM and (head := await self.redis.hget(skeys.session, "seq")) is not None:
+        if sends_whole(bodies) and (head := await self.redis.hget(skeys.session, "seq")) is not None:
             seq = int(head)
         args: list[str | int] = [now, who.agent_id, channel, session_json, self.settings.session_max_events,
                                  *emit_args(events, bodies, seq)]

@@ -28,7 +28,7 @@ from bench.daemons import cpu_seconds
 from bench.harness import Env, Figure, Target, new_session, pct
 from memento_sessions import keys
 from memento_sessions.ingest import convert_lines
-from memento_sessions.sessions.manager import WHOLE_FROM, emit_args, event_body, iso, now_ms
+from memento_sessions.sessions.manager import emit_args, event_body, iso, now_ms, sends_whole
 from memento_sessions.sessions.models import EventIn
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,7 +94,7 @@ async def bare_batches(env: Env, events: list[dict[str, Any]]) -> float:
     for first in range(0, len(models), BATCH):
         batch = models[first:first + BATCH]
         bodies = [event_body(event, "bench", session_json, stamp) for event in batch]
-        calls.append([*head, *emit_args(batch, bodies, seq if sum(map(len, bodies)) >= WHOLE_FROM else None)])
+        calls.append([*head, *emit_args(batch, bodies, seq if sends_whole(bodies) else None)])
         seq += len(batch)  # as the daemon reads it before such a call
     fkeys = keys.session_keys(env.namespace, sid).all()
     start = time.perf_counter()
