@@ -17,6 +17,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from memento_sessions.errors import ConfigError
 
+AOF_REWRITE_SIZE = 1024**3  # an embedded AOF's size past which Redis rewrites it (Redis's own default: 64 MB)
+
 SCHEME = "redis+cluster://"
 _NODE = re.compile(r"(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
@@ -98,6 +100,7 @@ class Settings(BaseSettings):
     embedded_redis_port: Port = 0
     embedded_falkordb_port: Port = 0
     redis_maxmemory: ByteSize = Field(default=ByteSize(2 * 1024**3), ge=0)  # each embedded Redis; 0: none
+    redis_aof_rewrite_size: ByteSize = Field(default=ByteSize(AOF_REWRITE_SIZE), ge=1024 * 1024)  # embedded AOFs
     embedded_postgres_port: Port = 0
     token: str | None = None
     ws_send_buffer: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024 * 1024 * 1024)

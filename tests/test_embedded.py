@@ -17,6 +17,8 @@ import redis
 from memento_sessions.embedded.process import as_user
 from memento_sessions.embedded.redis import EmbeddedRedis, move_graphs
 from memento_sessions.endpoints import Endpoints
+from memento_sessions.server.daemon import embedded_servers
+from memento_sessions.settings import load_settings
 
 
 def test_a_picked_port_taken_meanwhile_is_replaced_by_another(tmp_path: Path) -> None:
@@ -310,3 +312,27 @@ def test_a_new_sessions_redis_never_loads_falkordb(tmp_path: Path) -> None:
                 client.execute_command("GRAPH.LIST")
     finally:
         server.stop()
+
+
+def test_the_embedded_aofs_are_rewritten_past_the_setting_not_redis_own_64mb(tmp_path: Path) -> None:
+    """The end of each AOF rewrite stalls Redis while it syncs the manifest: the setting makes them rare."""
+    settings = load_settings(data_dir=tmp_path, redis_aof_rewrite_size="2MiB", postgres_dsn="postgresql://x@h/d")
+    servers = embedded_servers(settings)
+    assert [server.name for server in servers] == ["redis", "falkordb"]
+    assert {server.aof_rewrite_size for server in servers if isinstance(server, EmbeddedRedis)} == {2 * 1024**2}
+    assert load_settings().redis_aof_rewrite_size == 1024**3
+    small = EmbeddedRedis(tmp_path / "small", falkordb=False, aof_rewrite_size=2 * 1024**2)
+    default = EmbeddedRedis(tmp_path / "default", falkordb=False)
+    rewrites = []
+    for server in (small, default):
+        server.start()
+        try:
+            with redis.Redis.from_url(server.url, decode_responses=True) as client:
+                for n in range(16):  # 4 MiB: past 2 MiB, and past twice the empty base
+                    client.set(f"k{n}", "x" * 256 * 1024)
+                time.sleep(1.0)  # a rewrite started takes a few ms here; give it its time
+                info = client.info("persistence")
+                rewrites.append(int(info["aof_rewrites"]) + int(info["aof_rewrite_in_progress"]))
+        finally:
+            server.stop()
+    assert rewrites[0] >= 1 and rewrites[1] == 0, rewrites

@@ -49,13 +49,13 @@ def embedded_servers(settings: Settings) -> list[ChildServer]:
     their own (unless MEMENTO_FALKORDB_URL names one), so no graph query can stall a session's emit.
     """
     servers: list[ChildServer] = []
-    data, maxmemory = settings.data_dir.resolve(), settings.redis_maxmemory
+    data, maxmemory, rewrite = settings.data_dir.resolve(), settings.redis_maxmemory, settings.redis_aof_rewrite_size
     if settings.redis_url is None:
         servers.append(EmbeddedRedis(data / "redis", settings.embedded_redis_port, falkordb=False,
-                                     maxmemory=maxmemory))
+                                     maxmemory=maxmemory, aof_rewrite_size=rewrite))
         if settings.falkordb_url is None:
             servers.append(EmbeddedRedis(data / "falkordb", settings.embedded_falkordb_port, maxmemory=maxmemory,
-                                         name="falkordb"))
+                                         aof_rewrite_size=rewrite, name="falkordb"))
     if settings.postgres_dsn is None:
         servers.append(EmbeddedPostgres(settings.data_dir.resolve() / "postgres", settings.embedded_postgres_port))
     return servers

@@ -20,7 +20,9 @@ every request) falls behind by up to the whole window: its p99 is then the windo
 Beside every window a bare PING goes to the sessions' Redis every 10 ms (`redis_ping_*` in the extras): a
 victim tail that comes with the PING's was Redis's (a long Function holding its one thread; the graphs'
 queries run in a redis-server of their own); one that comes alone was the daemon's (its event loop busy
-with the tenant's request).
+with the tenant's request). `redis_aof_rewrites` counts the AOF rewrites of that Redis that ended in the
+window: each end stalls it for as long as its disk takes to sync a file (13-16 ms here), and a tenant's
+writes bring one per MEMENTO_REDIS_AOF_REWRITE_SIZE (1 GiB) of AOF, so a 5 s window mostly has none.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ async def noisy_neighbour(env: Env) -> list[Figure]:
                      CALL_TIMEOUT) as caller:
         floor = await bare_emits(env, count)
         await quiet(env)
-        calm = await caller.window(None)
+        calm = await watched(env, caller, None)
         figures = [Figure("noisy-neighbour: other namespace's emit p99, no load", "ms",
                           pct(calm.late, 0.99), pct(floor, 0.99), higher_is_better=False,
                           extra=calm.extra() | {"floor_p50_ms": pct(floor, 0.5)})]
@@ -104,16 +106,29 @@ async def under(env: Env, caller: Victim, load: Load) -> tuple[Window, Window, L
         async with tenant_ws(env, load.tenant, "tenant") as rpc:
             await load.setup(env, rpc)
             await quiet(env)
-            calm = await caller.window(None)
+            calm = await watched(env, caller, None)
             await quiet(env)
             stop, run = anyio.Event(), LoadRun()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(drive, load, rpc, stop, run)
-                seen = await caller.window(run.finished)
+                seen = await watched(env, caller, run.finished)
                 stop.set()
     finally:
         await load.cleanup(env)
     return calm, seen, run
+
+
+async def watched(env: Env, caller: Victim, ended: anyio.Event | None) -> Window:
+    """A window of the victim's, with the AOF rewrites of the sessions' Redis that ended in it: the end of
+    each holds Redis's one thread while it syncs the AOF's manifest (docs/security.md)."""
+    before = await aof_rewrites(env)
+    window = await caller.window(ended)
+    window.aof_rewrites = await aof_rewrites(env) - before
+    return window
+
+
+async def aof_rewrites(env: Env) -> int:
+    return int((await env.redis.info("persistence"))["aof_rewrites"])
 
 
 def steps(run: LoadRun) -> dict[str, float]:

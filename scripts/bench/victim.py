@@ -51,12 +51,14 @@ class Window:
     pings: Samples = field(default_factory=list)
     ping_timeouts: int = 0
     seconds: float = 0.0
+    aof_rewrites: int = 0  # AOF rewrites of the sessions' Redis that ended within the window (the parent's count)
 
     def extra(self) -> dict[str, float]:
         return {"p50_ms": q(self.late, 0.5), "max_ms": q(self.late, 1.0), "per_call_p99_ms": q(self.emits, 0.99),
                 "per_call_p50_ms": q(self.emits, 0.5), "emits": len(self.emits), "emit_errors": self.errors,
                 "window_s": self.seconds, "redis_ping_p99_ms": q(self.pings, 0.99),
-                "redis_ping_max_ms": q(self.pings, 1.0), "redis_ping_timeouts": self.ping_timeouts}
+                "redis_ping_max_ms": q(self.pings, 1.0), "redis_ping_timeouts": self.ping_timeouts,
+                "redis_aof_rewrites": self.aof_rewrites}
 
 
 def q(samples: Samples, quantile: float) -> float:
