@@ -11,8 +11,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar, get_args, get_origin
 
-import anyio
-import anyio.lowlevel
 import asyncpg
 import pydantic_core
 from pydantic import BaseModel, ValidationError
@@ -28,7 +26,7 @@ from memento_sessions.errors import (
     Reason,
     RpcError,
 )
-from memento_sessions.limits import TokenBucket, let_go
+from memento_sessions.limits import FOREGROUND, TokenBucket, let_go
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import BACKEND_ERRORS
 
@@ -314,7 +312,7 @@ async def parse_in_parts(frame: str | bytes) -> dict[str, Any]:
     while start < last:
         end = frame.find(cut, start + FRAME_PART, last)
         end = last if end < 0 else end
-        await anyio.lowlevel.checkpoint()
+        await FOREGROUND.turn()
         try:
             values += pydantic_core.from_json(f"[{frame[start + 2:end + 1]}]", cache_strings="keys")
         except (ValueError, TypeError):
@@ -350,7 +348,7 @@ async def items_in_parts(model: type[BaseModel], raw: Any) -> dict[str, list[Any
                 done += [item.model_validate(value) for value in values[start:start + PART]]
             except ValidationError:
                 return None
-            await anyio.lowlevel.checkpoint()
+            await FOREGROUND.turn()
         parts[name] = done
     return parts or None
 

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
+import pydantic_core
 import pytest
 import redis.asyncio as aioredis
 
@@ -19,10 +21,12 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.coordination.store import CoordStore
 from memento_sessions.endpoints import Endpoints
-from memento_sessions.limits import Pacer
-from memento_sessions.rpc import FRAME_PART, Call, Registry, prepare, prepare_in_parts
+from memento_sessions.limits import Foreground, Pacer
+from memento_sessions.rpc import FRAME_PART, LARGE_FRAME, Call, Registry, prepare, prepare_in_parts
+from memento_sessions.server.app import small_body
 from memento_sessions.server.daemon import Daemon, running, settle_gc
 from memento_sessions.sessions.janitor import lifecycle_candidates, sweep_namespace
+from memento_sessions.sessions.manager import SessionManager
 from memento_sessions.sessions.methods import EmitBatchParams
 from tests.helpers import make_settings, sample, token
 from tests.rpcsocket import rpc
@@ -167,6 +171,101 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+async def test_large_work_waits_for_the_small_requests_in_flight(daemon: Daemon, namespace: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """While another namespace's emit is in flight (here one that makes six round trips to Redis), a large
+    batch's frame is parsed no further: before, each of the emit's rounds of the event loop came after a
+    part of the batch, and the emit waited for one part per round."""
+    parts: list[float] = []
+    spans: list[tuple[float, float]] = []
+    from_json, emit = pydantic_core.from_json, SessionManager.emit
+
+    def counted(data: str | bytes, **options: Any) -> Any:
+        if len(data) > FRAME_PART // 2:
+            parts.append(time.perf_counter())
+        return from_json(data, **options)
+
+    async def slow_emit(manager: SessionManager, who: Identity, session_id: str, event: Any) -> Any:
+        if who.namespace != f"{namespace}-other":
+            return await emit(manager, who, session_id, event)
+        started = time.perf_counter()
+        for _ in range(5):
+            await manager.redis.ping()
+        try:
+            return await emit(manager, who, session_id, event)
+        finally:
+            spans.append((started, time.perf_counter()))
+
+    monkeypatch.setattr(pydantic_core, "from_json", counted)
+    monkeypatch.setattr(SessionManager, "emit", slow_emit)
+    async with rpc(daemon.port, token("heavy", namespace)) as heavy, \
+            rpc(daemon.port, token("light", f"{namespace}-other")) as light:
+        sid = (await heavy.call("session.create", {}))["sessionId"]
+        mine = (await light.call("session.create", {}))["sessionId"]
+        done = anyio.Event()
+
+        async def emits() -> None:
+            while not done.is_set():
+                await light.call("event.emit", {"sessionId": mine, "event": {"type": "modified"}})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(emits)
+            frame = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "event.emitBatch",  # compact: cut into parts
+                                "params": {"sessionId": sid, "events": batch(sid)}}, separators=(",", ":"))
+            assert "result" in await heavy.send_raw(frame)
+            done.set()
+    within = [sum(1 for at in parts if start < at < end) for start, end in spans if start < parts[-1]]
+    assert len(parts) > 20 and within, (len(parts), len(spans))
+    assert max(within) <= 1, f"parts of the batch parsed while each emit was in flight: {within}"
+
+
+def test_a_turn_waits_for_fresh_small_requests_and_never_for_long() -> None:
+    clock = Clock()
+
+    async def small(foreground: Foreground, held: float, ended: list[float]) -> None:
+        with foreground.serving():
+            await anyio.sleep(held)
+        ended.append(time.monotonic())
+
+    async def turn(foreground: Foreground, held: float, moved: float = 0.0) -> tuple[float, list[float]]:
+        """How long a turn took while a small request of `held` seconds was in flight (begun `moved` ago)."""
+        ended: list[float] = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(small, foreground, held, ended)
+            await anyio.lowlevel.checkpoint()
+            clock.now += moved
+            started = time.monotonic()
+            await foreground.turn()
+            took, by_then = time.monotonic() - started, list(ended)
+        return took, by_then
+
+    async def main() -> None:
+        unmoved = Foreground(0.005, clock=clock)  # its requests stay fresh and its `most` never runs out
+        started = time.monotonic()
+        await unmoved.turn()  # nothing in flight: one round of the event loop
+        with unmoved.serving():
+            await unmoved.turn()  # a small request's own turn never waits for itself
+        assert time.monotonic() - started < 0.004
+        took, ended = await turn(unmoved, 0.02)  # a turn waits for the small request in flight
+        assert took >= 0.015 and ended, took
+        took, ended = await turn(unmoved, 0.05, moved=2 * Foreground.FRESH)  # not for one in flight for long
+        assert took < 0.01 and not ended, took
+        took, ended = await turn(Foreground(0.005), 0.05)  # and never for more than `most`
+        assert 0.004 <= took < 0.03 and not ended, took
+
+    anyio.run(main)
+
+
+def test_an_http_request_of_a_small_body_counts_as_a_small_request() -> None:
+    def scope(kind: str, length: bytes | None) -> dict[str, Any]:
+        return {"type": kind, "headers": [] if length is None else [(b"content-length", length)]}
+
+    assert small_body(scope("http", b"120")) and small_body(scope("http", None))  # a hook's input; a GET
+    assert not small_body(scope("http", str(LARGE_FRAME).encode()))  # an OTLP export of 64 KiB or more
+    assert not small_body(scope("http", b"-1")) and not small_body(scope("websocket", None))
+    assert not small_body({"type": "lifespan"})
 
 
 def test_a_namespace_sending_large_leases_back_to_back_waits_and_the_others_do_not() -> None:

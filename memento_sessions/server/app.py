@@ -10,6 +10,8 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from memento_sessions.dashboard import routes as dashboard_routes
+from memento_sessions.limits import FOREGROUND
+from memento_sessions.rpc import LARGE_FRAME
 from memento_sessions.server.health import Health, log_ready
 from memento_sessions.server.hooks import hook_routes
 from memento_sessions.usage.receiver import OtlpReceiver
@@ -20,7 +22,9 @@ def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None,
               otlp: OtlpReceiver | None = None) -> ASGIApp:
     """The daemon's ASGI app: `/ws` straight to the gateway, everything else through Starlette's router.
 
-    Once first ready, the daemon logs what its start cost.
+    An HTTP request of a small body counts as a small request in flight (limits.Foreground) while it runs:
+    large work waits for it between two of its parts, as for a small /ws request. Once first ready, the
+    daemon logs what its start cost.
     """
     routes = build_routes(gateway, health, mcp, otlp)
     health.when_ready(log_ready)
@@ -29,10 +33,21 @@ def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None,
         # The hot path skips the router's per-message send wrappers: one dict lookup instead.
         if scope["type"] == "websocket" and scope["path"] == "/ws":
             await gateway(scope, receive, send)
+        elif small_body(scope):
+            with FOREGROUND.serving():
+                await routes(scope, receive, send)
         else:
             await routes(scope, receive, send)
 
     return app
+
+
+def small_body(scope: Scope) -> bool:
+    """An HTTP request whose Content-Length (none: a GET, say) is under LARGE_FRAME."""
+    if scope["type"] != "http":
+        return False
+    length = next((value for name, value in scope["headers"] if name == b"content-length"), b"0")
+    return length.isdigit() and int(length) < LARGE_FRAME
 
 
 def build_routes(gateway: Gateway, health: Health, mcp: ASGIApp | None = None,

@@ -11,8 +11,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import anyio
-import anyio.lowlevel
 import pydantic_core
 import redis.asyncio as aioredis
 from prometheus_client import Counter
@@ -22,6 +20,7 @@ from memento_sessions import keys
 from memento_sessions.auth import Identity
 from memento_sessions.backends import UNAVAILABLE
 from memento_sessions.errors import Conflict, Forbidden, InvalidParams, NotFound, Reason
+from memento_sessions.limits import FOREGROUND
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import EMIT_SECONDS, EVENTS, REPLY_PAGES, SESSION_LIMIT_REFUSALS
 from memento_sessions.redisio.pipe import Acks, Pipe
@@ -373,7 +372,7 @@ class SessionManager:
         bodies: list[str] = []
         for i, event in enumerate(events):
             if i and not i % BODY_PART:
-                await anyio.lowlevel.checkpoint()  # a turn for other clients within a large batch
+                await FOREGROUND.turn()  # a turn for other clients within a large batch
             bodies.append(event_body(event, who.agent_id, session_json, stamp))
         seq = None
         if sends_whole(bodies) and (head := await self.redis.hget(skeys.session, "seq")) is not None:

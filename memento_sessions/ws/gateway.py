@@ -18,7 +18,7 @@ import structlog
 from starlette.types import Receive, Scope, Send
 
 from memento_sessions.auth import SESSION_ID, AuthError, Identity, bearer, session_agent, verify_token
-from memento_sessions.limits import TokenBucket
+from memento_sessions.limits import FOREGROUND, TokenBucket
 from memento_sessions.logs import get_logger
 from memento_sessions.metrics import WS_CONNECTIONS, WS_REFUSED
 from memento_sessions.rpc import LARGE_FRAME, Call, Registry, Request, answer, let_go_of, prepare_in_parts
@@ -122,7 +122,11 @@ class Gateway:
                 request, size = given
                 if size >= LOOK_AHEAD_BYTES:
                     ahead = asyncio.create_task(self._next(receive, call, bucket))
-                reply = await answer(self.registry, call, request)
+                if size >= LARGE_FRAME:
+                    reply = await answer(self.registry, call, request)
+                else:
+                    with FOREGROUND.serving():
+                        reply = await answer(self.registry, call, request)
                 if reply is not None:
                     conn.notify(reply.decode())
                 conn.replied()
