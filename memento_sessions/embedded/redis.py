@@ -7,8 +7,9 @@ long as it runs; in a server of its own, it can never stall a session's emit. Ea
 
 Redis rewrites the AOF once it has grown past MEMENTO_REDIS_AOF_REWRITE_SIZE (and twice its size after the
 last rewrite). The end of every rewrite holds Redis's one thread while it syncs the AOF's manifest (13-16 ms
-on an SSD): a threshold of 1 GiB, not Redis's 64 MB, makes that stall about sixteen times rarer under the
-same writes, for a file up to that much larger between rewrites and a restart that replays it.
+on the bench's virtual disk): a threshold of 1 GiB, not Redis's 64 MB, makes that stall about sixteen times
+rarer under the same writes, for a file up to that much larger between rewrites and a restart that replays
+it.
 """
 
 from __future__ import annotations

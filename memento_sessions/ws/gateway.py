@@ -107,7 +107,8 @@ class Gateway:
         validated: CPU only) in a task of its own while this request awaits its backend, so this process's
         CPU and Redis's overlap for a client that pipelines batches; the requests still run one after the
         other. Small requests are read one after the other as ever: a task each would cost them more than
-        their preparing takes.
+        their preparing takes. While a small request is answered, it counts as in flight (limits.Foreground):
+        large work, this connection's or another's, waits for it between two of its parts.
         """
         call = Call(conn.identity, conn)
         bucket = TokenBucket(self.rate_limit, self.rate_limit) if self.rate_limit > 0 else None
