@@ -80,7 +80,7 @@ class Foreground:
             del self._started[token]
             waiting, self._waiting = self._waiting, []
             for future in waiting:
-                if not future.done():
+                if not future.done() and not future.get_loop().is_closed():  # a loop gone: a test's, say
                     future.set_result(None)
 
     def _fresh(self) -> bool:
