@@ -69,14 +69,17 @@ class Foreground:
         self._waiting: list[asyncio.Future[None]] = []
 
     @contextmanager
-    def serving(self) -> Iterator[None]:
-        """Counts a small request as in flight for as long as the block runs."""
-        token, small = object(), self._small.set(True)
+    def serving(self, small: bool = True) -> Iterator[None]:
+        """Counts a small request as in flight for as long as the block runs (a large one, `small` false, not)."""
+        if not small:
+            yield
+            return
+        token, was = object(), self._small.set(True)
         self._started[token] = self.clock()
         try:
             yield
         finally:
-            self._small.reset(small)
+            self._small.reset(was)
             del self._started[token]
             waiting, self._waiting = self._waiting, []
             for future in waiting:

@@ -33,11 +33,9 @@ def build_app(gateway: Gateway, health: Health, mcp: ASGIApp | None = None,
         # The hot path skips the router's per-message send wrappers: one dict lookup instead.
         if scope["type"] == "websocket" and scope["path"] == "/ws":
             await gateway(scope, receive, send)
-        elif small_body(scope):
-            with FOREGROUND.serving():
-                await routes(scope, receive, send)
         else:
-            await routes(scope, receive, send)
+            with FOREGROUND.serving(small_body(scope)):
+                await routes(scope, receive, send)
 
     return app
 

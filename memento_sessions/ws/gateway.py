@@ -123,11 +123,8 @@ class Gateway:
                 request, size = given
                 if size >= LOOK_AHEAD_BYTES:
                     ahead = asyncio.create_task(self._next(receive, call, bucket))
-                if size >= LARGE_FRAME:
+                with FOREGROUND.serving(size < LARGE_FRAME):
                     reply = await answer(self.registry, call, request)
-                else:
-                    with FOREGROUND.serving():
-                        reply = await answer(self.registry, call, request)
                 if reply is not None:
                     conn.notify(reply.decode())
                 conn.replied()
